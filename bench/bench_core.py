@@ -1,0 +1,169 @@
+"""Benchmark figures for the kernel core (a script, not a test): prints, asserts nothing.
+
+    python bench/bench_core.py            # 1k and 100k archived messages
+    python bench/bench_core.py --million  # also 1M (takes a while and ~1 GB of disk)
+
+Figures:
+- reader throughput against bare sexpdata: a ~500-byte plist and a 100 KB reply;
+- archive cost per appended turn at 1k and 100k (and 1M) archived messages, and the
+  ratio (target: 100k/1k <= 1.2);
+- kernel overhead per turn with the echo backend: p50/p99 of the whole turn, and of
+  the turn without the archive's fsync'd append (target: p50 < 2 ms);
+- time to load all bundled skills cold (in a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import sexpdata
+
+from opencortex.events import Thread, chat_message
+from opencortex.memory import Archive, NewMessage
+from opencortex.reader import read_plist
+
+SMALL = ('(:type :REQUEST :target :emacs :action :insert-at-end :buffer "*opencortex-chat*" '
+         ':text "* Reply\\nThe kernel reads this plist as data, checks it against typed '
+         'action models and every skill\'s verifier, and only then lets an actuator insert it '
+         'into the chat buffer. Nothing in it is ever evaluated; a quote \\" or a backslash '
+         '\\\\ stays text. This sentence pads the reply to about five hundred bytes, which is '
+         'a typical answer of a chat model asked a short question.")')
+LARGE = ('(:type :REQUEST :target :cli :text "'
+         + ("Line with \\\"quotes\\\" and \\\\ backslashes, tabs\\t and text. " * 1700)[:100_000]
+         + '")')
+
+
+def rate(function, text: str, seconds: float = 1.0) -> float:
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        function(text)
+        count += 1
+    return count / (time.perf_counter() - started)
+
+
+def bench_reader() -> None:
+    print("reader (forms/s)            opencortex.reader   bare sexpdata   ratio")
+    for label, text in (("~500-byte plist", SMALL), ("100 KB reply", LARGE)):
+        ours = rate(read_plist, text)
+        bare = rate(lambda t: sexpdata.loads(t, nil=None, true=None), text)
+        print(f"  {label:<25} {ours:>16,.0f} {bare:>15,.0f} {ours / bare:>7.2f}")
+
+
+def fill(archive: Archive, total: int, threads: int = 100) -> None:
+    """Archive TOTAL messages across THREADS threads, in large batches."""
+    batch = 1000
+    for start in range(0, total, batch):
+        archive.append([
+            NewMessage(role="user" if i % 2 == 0 else "assistant",
+                       text=f"archived message {i} about topic {i % 97} and more words",
+                       thread=Thread("cli", f"t{i % threads}"))
+            for i in range(start, min(start + batch, total))])
+
+
+def append_cost(archive: Archive, turns: int = 300) -> float:
+    """Median seconds to append one two-message turn."""
+    times = []
+    for i in range(turns):
+        thread = Thread("cli", f"t{i % 100}")
+        pair = [NewMessage(role="user", text=f"question {i}", thread=thread),
+                NewMessage(role="assistant", text=f"answer {i}", thread=thread)]
+        started = time.perf_counter()
+        archive.append(pair)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def bench_archive(sizes: list[int]) -> None:
+    print("archive: median cost of appending one turn (2 messages, lock + write + fsync + index)")
+    costs = {}
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = Archive(Path(tmp))
+            started = time.perf_counter()
+            fill(archive, size)
+            filled = time.perf_counter() - started
+            costs[size] = append_cost(archive)
+            archive.close()
+        print(f"  at {size:>9,} archived: {costs[size] * 1e3:7.3f} ms/turn  (fill took {filled:.1f} s)")
+    base = costs[sizes[0]]
+    for size in sizes[1:]:
+        print(f"  ratio {size:,}/{sizes[0]:,}: {costs[size] / base:.2f}  (target <= 1.2)")
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def bench_kernel(turns: int = 500) -> None:
+    from opencortex.config import load_config
+    from opencortex.runtime import build_kernel
+
+    async def measure(kernel, count: int) -> list[float]:
+        times = []
+        for i in range(count):
+            started = time.perf_counter()
+            await kernel.handle(chat_message(f"message {i}", "cli", f"bench{i % 10}"))
+            times.append(time.perf_counter() - started)
+        return times
+
+    with tempfile.TemporaryDirectory() as tmp:
+        kernel = build_kernel(load_config(Path(tmp)), writer=lambda text: None)
+        asyncio.run(measure(kernel, 20))  # warm up
+        whole = asyncio.run(measure(kernel, turns))
+        archive_times: list[float] = []
+        append = kernel.archive.append
+
+        def timed_append(messages):
+            started = time.perf_counter()
+            try:
+                return append(messages)
+            finally:
+                archive_times.append(time.perf_counter() - started)
+
+        kernel.archive.append = timed_append  # type: ignore[method-assign]
+        timed = asyncio.run(measure(kernel, turns))
+        without = [t - a for t, a in zip(timed, archive_times)]
+        asyncio.run(kernel.aclose())
+    print(f"kernel turn, echo backend ({turns} turns):")
+    print(f"  whole turn            p50 {percentile(whole, .5) * 1e3:7.3f} ms   "
+          f"p99 {percentile(whole, .99) * 1e3:7.3f} ms")
+    print(f"  without archive write p50 {percentile(without, .5) * 1e3:7.3f} ms   "
+          f"p99 {percentile(without, .99) * 1e3:7.3f} ms   (target p50 < 2 ms)")
+
+
+def bench_skill_load() -> None:
+    code = ("import time; t = time.perf_counter(); "
+            "from opencortex.config import load_config; from opencortex.runtime import load_skills; "
+            "r = load_skills(load_config('/tmp/opencortex-bench-home')); "
+            "print(len(r.skills), time.perf_counter() - t)")
+    runs = []
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, check=True).stdout.split()
+        runs.append(float(out[1]))
+    print(f"skills: {out[0]} loaded cold (fresh interpreter, imports included): "
+          f"median {statistics.median(runs) * 1e3:.0f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--million", action="store_true", help="also measure at 1M messages")
+    parser.add_argument("--skip-archive", action="store_true")
+    args = parser.parse_args()
+    bench_reader()
+    if not args.skip_archive:
+        bench_archive([1_000, 100_000] + ([1_000_000] if args.million else []))
+    bench_kernel()
+    bench_skill_load()
+
+
+if __name__ == "__main__":
+    main()

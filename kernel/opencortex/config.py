@@ -1,0 +1,152 @@
+"""Configuration: one TOML file plus environment overrides, read into one typed Config.
+
+Where things live (XDG base directories):
+- home (memory, runtime files): `--home DIR`, else `$OPENCORTEX_HOME`,
+  else `$XDG_DATA_HOME/opencortex` (`~/.local/share/opencortex`).
+- the TOML file: `$OPENCORTEX_CONFIG`, else `HOME/config.toml` when `--home` or
+  `$OPENCORTEX_HOME` names a home, else `$XDG_CONFIG_HOME/opencortex/config.toml`.
+
+Environment overrides beat the file: OPENCORTEX_BACKEND, OPENCORTEX_SCRIPT,
+OPENCORTEX_SKILL_DIRS (paths joined by the OS path separator), OPENCORTEX_PERSONA.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+BUNDLED_SKILLS = PROJECT_ROOT / "skills"
+BUNDLED_PERSONA = PROJECT_ROOT / "org" / "identity.org"
+DEFAULT_CHAT_BUFFER = "*opencortex-chat*"
+
+
+class ConfigError(ValueError):
+    """The configuration file or an override is wrong; the message names it."""
+
+
+class ChatSettings(BaseModel):
+    """Settings the chat skill reads through its context."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    buffer: str = DEFAULT_CHAT_BUFFER
+    allowed_buffers: list[str] = Field(default_factory=list)
+    history_limit: int = Field(default=20, ge=0, le=10_000)
+    history_chars: int = Field(default=1000, ge=100)
+
+
+class Config(BaseModel):
+    """Everything the kernel needs to start, typed and checked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    home: Path
+    config_file: Path | None = None
+    backend: Literal["auto", "echo", "script"] = "auto"
+    script: Path | None = None
+    skill_dirs: list[Path] = Field(default_factory=list)
+    bundled_skills: bool = True
+    persona: Path | None = None
+    max_rejections: int = Field(default=1, ge=0, le=10)
+    max_reply_bytes: int = Field(default=1 << 20, ge=1024)
+    max_reply_depth: int = Field(default=64, ge=4, le=512)
+    llm_timeout: float = Field(default=120.0, gt=0)
+    chat: ChatSettings = Field(default_factory=ChatSettings)
+
+    @property
+    def memory_dir(self) -> Path:
+        return self.home / "memory"
+
+    @property
+    def all_skill_dirs(self) -> list[Path]:
+        """Bundled skills first (when enabled), then the configured extra directories."""
+        dirs = [BUNDLED_SKILLS] if self.bundled_skills and BUNDLED_SKILLS.is_dir() else []
+        return dirs + [d for d in self.skill_dirs if d not in dirs]
+
+    @property
+    def persona_file(self) -> Path:
+        return self.persona or BUNDLED_PERSONA
+
+
+def _xdg(name: str, fallback: str) -> Path:
+    value = os.environ.get(name)
+    return Path(value) if value else Path.home() / fallback
+
+
+def default_home() -> Path:
+    if os.environ.get("OPENCORTEX_HOME"):
+        return Path(os.environ["OPENCORTEX_HOME"])
+    return _xdg("XDG_DATA_HOME", ".local/share") / "opencortex"
+
+
+def config_path(home: Path | None) -> Path:
+    if os.environ.get("OPENCORTEX_CONFIG"):
+        return Path(os.environ["OPENCORTEX_CONFIG"])
+    if home is not None or os.environ.get("OPENCORTEX_HOME"):
+        return (home or default_home()) / "config.toml"
+    return _xdg("XDG_CONFIG_HOME", ".config") / "opencortex" / "config.toml"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot be read: {error.strerror}") from None
+
+
+def _environment_overrides() -> dict[str, Any]:
+    env = os.environ
+    found: dict[str, Any] = {}
+    if env.get("OPENCORTEX_BACKEND"):
+        found["backend"] = env["OPENCORTEX_BACKEND"]
+    if env.get("OPENCORTEX_SCRIPT"):
+        found["script"] = env["OPENCORTEX_SCRIPT"]
+    if env.get("OPENCORTEX_SKILL_DIRS"):
+        found["skill_dirs"] = [p for p in env["OPENCORTEX_SKILL_DIRS"].split(os.pathsep) if p]
+    if env.get("OPENCORTEX_PERSONA"):
+        found["persona"] = env["OPENCORTEX_PERSONA"]
+    return found
+
+
+def _resolve_paths(fields: dict[str, Any], base: Path) -> None:
+    """Relative paths in the file are relative to the file's directory."""
+    def resolve(value: Any) -> Any:
+        path = Path(os.path.expanduser(str(value)))
+        return path if path.is_absolute() else base / path
+    for key in ("script", "persona"):
+        if fields.get(key):
+            fields[key] = resolve(fields[key])
+    if "skill_dirs" in fields:
+        fields["skill_dirs"] = [resolve(p) for p in fields["skill_dirs"]]
+
+
+def load_config(home: Path | str | None = None, **overrides: Any) -> Config:
+    """Read the TOML file, apply environment and OVERRIDES (None values ignored)."""
+    home_path = Path(home).expanduser() if home is not None else None
+    path = config_path(home_path)
+    fields = _read_toml(path)
+    _resolve_paths(fields, path.parent)
+    env = _environment_overrides()
+    _resolve_paths(env, Path.cwd())
+    fields.update(env)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    _resolve_paths(given, Path.cwd())
+    fields.update(given)
+    fields["home"] = (home_path or default_home()).resolve()
+    fields["config_file"] = path if path.is_file() else None
+    try:
+        return Config.model_validate(fields)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
+        raise ConfigError(f"configuration ({path}): {problems}") from None

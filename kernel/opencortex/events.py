@@ -1,0 +1,121 @@
+"""Typed events that enter the kernel.
+
+The first (and for now only) kind is a chat message.  A thread is the pair
+(channel, chat id): every message of one conversation shares it, and no two
+conversations do.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+CHANNELS: tuple[str, ...] = ("emacs", "cli", "telegram", "signal", "matrix")
+Channel = Literal["emacs", "cli", "telegram", "signal", "matrix"]
+
+
+class EventError(ValueError):
+    """An event was refused; the message says which field and why."""
+
+
+class Thread(NamedTuple):
+    """One conversation: a channel and the chat id within it."""
+
+    channel: str
+    chat_id: str
+
+    def __str__(self) -> str:
+        return f"{self.channel}:{self.chat_id}"
+
+    @classmethod
+    def parse(cls, text: str, default_channel: str = "cli") -> "Thread":
+        """Read `channel:chat-id` (or a bare chat id on DEFAULT_CHANNEL)."""
+        channel, sep, chat_id = text.partition(":")
+        if not sep:
+            channel, chat_id = default_channel, text
+        if channel not in CHANNELS:
+            raise EventError(
+                f"unknown channel {channel!r} in thread {text!r}; "
+                f"expected one of {', '.join(CHANNELS)}")
+        if not chat_id.strip():
+            raise EventError(f"thread {text!r} has an empty chat id")
+        return cls(channel, chat_id)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class ChatMessage(BaseModel):
+    """A message a person sent on a channel."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    kind: Literal["chat-message"] = "chat-message"
+    text: str = Field(min_length=1)
+    channel: Channel
+    chat_id: str = Field(min_length=1, max_length=512)
+    sender: str | None = Field(default=None, max_length=512)
+    received_at: datetime = Field(default_factory=_now)
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("text is blank")
+        return value
+
+    @field_validator("chat_id")
+    @classmethod
+    def _one_line_id(cls, value: str) -> str:
+        if not value.strip() or any(c in value for c in "\r\n\0"):
+            raise ValueError("chat id must be a non-blank single line")
+        return value
+
+    @field_validator("received_at")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+    @property
+    def thread(self) -> Thread:
+        return Thread(self.channel, self.chat_id)
+
+
+Event = ChatMessage
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "event"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def parse_event(data: Any) -> Event:
+    """Build an event from untrusted DATA (a mapping), or raise EventError."""
+    if isinstance(data, Event):
+        return data
+    if not isinstance(data, dict):
+        raise EventError(f"an event must be a mapping, not {type(data).__name__}")
+    fields = dict(data)
+    kind = fields.setdefault("kind", "chat-message")
+    if kind != "chat-message":
+        raise EventError(f"unknown event kind {kind!r}; expected 'chat-message'")
+    if isinstance(fields.get("received_at"), (int, float)) and not isinstance(
+            fields.get("received_at"), bool):
+        fields["received_at"] = datetime.fromtimestamp(fields["received_at"], timezone.utc)
+    try:
+        return ChatMessage.model_validate(fields)
+    except ValidationError as error:
+        raise EventError(f"invalid chat message: {_describe(error)}") from None
+
+
+def chat_message(text: str, channel: str = "cli", chat_id: str = "local",
+                 sender: str | None = None) -> Event:
+    """Convenience constructor that refuses bad input with EventError."""
+    return parse_event({"text": text, "channel": channel, "chat_id": chat_id,
+                        "sender": sender})

@@ -1,0 +1,275 @@
+"""The loop: perceive → trigger → probabilistic → LLM → read → verify → act → archive.
+
+One event is one turn.  Turns of one thread run one after another; turns of
+different threads run concurrently.  A turn is atomic: if it fails before
+anything reaches the person, nothing of it is archived; the person is told why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Literal
+
+from pydantic import ValidationError
+
+from opencortex.actions import Action, Log, Response, ToolCall, reply_action
+from opencortex.actuators import ActuatorError, ActuatorRegistry, Outcome
+from opencortex.config import Config
+from opencortex.events import Event, Thread, parse_event
+from opencortex.llm import Backend, LLMError, PromptRequest, ReplyAddress, Usage
+from opencortex.memory import Archive, NewMessage
+from opencortex.skills import Skill, SkillContext, SkillRegistry
+from opencortex.tools import ToolRegistry
+from opencortex.verification import Verdict, judge, jsonable
+
+log = logging.getLogger(__name__)
+
+Status = Literal["done", "needs-approval", "rejected", "failed", "no-skill"]
+ChunkListener = Callable[[Thread, str], None]
+
+
+@dataclass
+class TurnResult:
+    """What one turn did, for frontends and `--json`."""
+
+    thread: Thread
+    status: Status
+    backend: str
+    text: str | None = None
+    action: dict[str, Any] | None = None
+    skill: str | None = None
+    ids: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    usage: Usage | None = None
+    attempts: int = 0
+    elapsed_s: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"status": self.status, "text": self.text, "action": jsonable(self.action),
+                "backend": self.backend, "thread": str(self.thread), "skill": self.skill,
+                "ids": self.ids, "warnings": self.warnings, "errors": self.errors,
+                "usage": self.usage.model_dump() if self.usage else None,
+                "attempts": self.attempts, "elapsed_s": round(self.elapsed_s, 6)}
+
+
+class TurnFailed(Exception):
+    """Internal: a turn stops here; the message is what the person is told."""
+
+
+class Kernel:
+    """Runs turns.  Built by `opencortex.runtime.build_kernel`."""
+
+    def __init__(self, *, config: Config, skills: SkillRegistry, backend: Backend,
+                 actuators: ActuatorRegistry, archive: Archive, tools: ToolRegistry,
+                 persona: str = ""):
+        self.config = config
+        self.skills = skills
+        self.backend = backend
+        self.actuators = actuators
+        self.archive = archive
+        self.tools = tools
+        self.persona = persona
+        self.chunk_listeners: list[ChunkListener] = []
+        self._locks: weakref.WeakValueDictionary[Thread, asyncio.Lock] = \
+            weakref.WeakValueDictionary()
+
+    # -- entry --------------------------------------------------------------
+
+    async def handle(self, event: Event | dict[str, Any]) -> TurnResult:
+        """Run one turn for EVENT (raises EventError for an invalid event, changing nothing)."""
+        event = parse_event(event)
+        lock = self._locks.get(event.thread)
+        if lock is None:
+            lock = self._locks[event.thread] = asyncio.Lock()
+        async with lock:
+            started = time.perf_counter()
+            result = TurnResult(event.thread, "failed", self.backend.name)
+            if self.backend.warning:
+                result.warnings.append(self.backend.warning)
+            try:
+                await self._turn(event, result)
+            except TurnFailed as failure:
+                result.status = result.status if result.status != "done" else "failed"
+                result.errors.append(str(failure))
+                await self._notify(event, f"System Error: {failure}", result)
+            result.elapsed_s = time.perf_counter() - started
+            return result
+
+    # -- the turn -----------------------------------------------------------
+
+    def context(self, event: Event, attempt: int = 0,
+                rejections: tuple[str, ...] = ()) -> SkillContext:
+        """What skills see for EVENT: never the kernel itself."""
+        chat = self.config.chat
+        history = self.archive.history(event.thread, limit=chat.history_limit)
+        settings = {"buffer": chat.buffer, "allowed-buffers": list(chat.allowed_buffers),
+                    "history-chars": chat.history_chars}
+        return SkillContext(event=event, thread=event.thread, history=history,
+                            persona=self.persona, config=settings,
+                            tools=self.tools.descriptions(), attempt=attempt,
+                            rejections=list(rejections))
+
+    async def _turn(self, event: Event, result: TurnResult) -> None:
+        ctx = self.context(event)
+        skill = next((s for s in self.skills.matching(ctx) if s.probabilistic), None)
+        if skill is None:
+            result.status = "no-skill"
+            raise TurnFailed("no skill handles this message (is skills/chat.org loaded? "
+                             "run `opencortex skills --check`)")
+        result.skill = skill.name
+        request = self._prompt(skill, ctx)
+        verdict = await self._ask_until_valid(skill, request, ctx, result)
+        if verdict.status == "rejected":
+            result.status = "rejected"
+            await self._give_up(event, verdict, result)
+            return
+        assert verdict.action is not None
+        result.action = verdict.action.to_plist()
+        if verdict.status == "needs-approval":
+            await self._hold_for_approval(event, verdict, result)
+            return
+        await self._act(event, verdict.action, result)
+
+    def _prompt(self, skill: Skill, ctx: SkillContext) -> PromptRequest:
+        try:
+            built = skill.probabilistic(ctx)
+        except Exception as error:
+            log.warning("probabilistic phase of %s failed: %s", skill.name, type(error).__name__)
+            raise TurnFailed(f"skill {skill.name} failed to build a prompt "
+                             f"({type(error).__name__}: {error})") from error
+        try:
+            request = built if isinstance(built, PromptRequest) else \
+                PromptRequest.model_validate(dict(built or {}))
+        except (ValidationError, TypeError, ValueError) as error:
+            raise TurnFailed(f"skill {skill.name} built an invalid prompt request: "
+                             f"{str(error).splitlines()[0]}") from None
+        event = ctx.event
+        address = ReplyAddress(channel=event.channel, chat_id=event.chat_id,
+                               buffer=self.config.chat.buffer)
+        return request.model_copy(update={"reply_to": address})
+
+    async def _ask_until_valid(self, skill: Skill, request: PromptRequest, ctx: SkillContext,
+                               result: TurnResult) -> Verdict:
+        verdict = Verdict("rejected")
+        for attempt in range(self.config.max_rejections + 1):
+            result.attempts = attempt + 1
+            reply = await self._ask(request, ctx.thread, result)
+            verdict = judge(reply, self.skills.skills, ctx, self.tools,
+                            max_bytes=self.config.max_reply_bytes,
+                            max_depth=self.config.max_reply_depth)
+            if verdict.status != "rejected":
+                return verdict
+            log.info("reply rejected (skill %s, attempt %d, %d reasons)",
+                     skill.name, attempt + 1, len(verdict.errors))
+            reason = "; ".join(verdict.errors)
+            request = request.with_retry_note(reply, reason)
+            ctx = replace(ctx, attempt=attempt + 1, rejections=[*ctx.rejections, reason])
+        return verdict
+
+    async def _ask(self, request: PromptRequest, thread: Thread, result: TurnResult) -> str:
+        chunks: list[str] = []
+        try:
+            async with asyncio.timeout(self.config.llm_timeout):
+                async for item in self.backend.stream(request):
+                    if isinstance(item, Usage):
+                        result.usage = item
+                        continue
+                    chunks.append(item)
+                    for listener in self.chunk_listeners:
+                        listener(thread, item)
+        except LLMError as error:
+            raise TurnFailed(f"{error.code}: {error.message}") from error
+        except TimeoutError:
+            raise TurnFailed(f"STREAM_TIMEOUT: the {self.backend.name} backend did not finish "
+                             f"within {self.config.llm_timeout:g} s; send the message again")
+        return "".join(chunks)
+
+    # -- endings ------------------------------------------------------------
+
+    async def _act(self, event: Event, action: Action, result: TurnResult) -> None:
+        if isinstance(action, Log):
+            result.status = "done"
+            result.ids = self._archive(event, result, action.text, turn_type="thought")
+            return
+        if isinstance(action, Response):
+            action = reply_action(event.channel, event.chat_id, action.text,
+                                  self.config.chat.buffer)
+        target = str(action.to_plist().get("target"))
+        try:
+            outcome = await self.actuators.for_target(target).carry_out(action, event)
+        except ActuatorError as error:
+            result.errors.append(str(error))
+            if action.reply_text is None:
+                raise TurnFailed(str(error)) from error
+            # The reply exists and was verified: keep it, marked undelivered.
+            result.status = "failed"
+            result.text = action.reply_text
+            result.ids = self._archive(event, result, action.reply_text,
+                                       extra={"DELIVERY": "failed"})
+            return
+        result.status = "done"
+        await self._finish(event, action, outcome, result)
+
+    async def _finish(self, event: Event, action: Action, outcome: Outcome,
+                      result: TurnResult) -> None:
+        if isinstance(action, ToolCall):
+            text = f"Tool {action.tool}: {outcome.result}"
+            await self._notify(event, text, result)
+            result.text = text
+            result.ids = self._archive(event, result, text, role="system", turn_type="action")
+            return
+        result.text = outcome.shown if outcome.shown is not None else action.reply_text
+        result.ids = self._archive(event, result, result.text or "")
+
+    async def _give_up(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
+        result.errors.extend(verdict.errors)
+        message = f"System Error: {verdict.errors[0] if verdict.errors else 'reply rejected'}"
+        if await self._notify(event, message, result):
+            result.text = message
+            result.ids = self._archive(event, result, message, role="system")
+
+    async def _hold_for_approval(self, event: Event, verdict: Verdict,
+                                 result: TurnResult) -> None:
+        assert verdict.action is not None
+        result.status = "needs-approval"
+        proposed = verdict.action.printed()
+        message = (f"Needs your approval, not run: {proposed}\n"
+                   f"Why: {verdict.approval_reason}\n"
+                   "Approvals are answered from Emacs; this channel cannot approve.")
+        await self._notify(event, message, result)
+        result.text = message
+        result.ids = self._archive(event, result, proposed, turn_type="yield")
+
+    async def _notify(self, event: Event, text: str, result: TurnResult) -> bool:
+        """Tell the person on EVENT's channel; never raise.  True if it reached them."""
+        shown = f"* {text}" if event.channel == "emacs" else text
+        action = reply_action(event.channel, event.chat_id, shown, self.config.chat.buffer)
+        try:
+            await self.actuators.for_target(event.channel).carry_out(action, event)
+            return True
+        except ActuatorError as error:
+            result.errors.append(f"could not tell the person: {error}")
+            return False
+
+    def _archive(self, event: Event, result: TurnResult, reply: str, *,
+                 role: str = "assistant", turn_type: str = "speech",
+                 extra: dict[str, str] | None = None) -> list[str]:
+        """Write the turn: the person's message and the answer, in one append."""
+        tags = {"SKILL": result.skill or "", "BACKEND": result.backend, **(extra or {})}
+        messages = [
+            NewMessage(role="user", text=event.text, thread=event.thread, sender=event.sender,
+                       timestamp=event.received_at.timestamp()),
+            NewMessage(role=role, text=reply, thread=event.thread, turn_type=turn_type,
+                       extra=tags),
+        ]
+        return [record.id for record in self.archive.append(messages)]
+
+    async def aclose(self) -> None:
+        await self.backend.aclose()
+        await self.actuators.aclose()
+        self.archive.close()

@@ -1,0 +1,93 @@
+"""The backend interface: a prompt request in, streamed text chunks and usage out.
+
+Law (tested for every backend): the concatenation of the chunks a backend
+yields is the complete reply.  After the last chunk a backend yields exactly
+one `Usage`.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, AsyncIterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ErrorCode = Literal["RATE_LIMITED", "STREAM_TIMEOUT", "LLM_UNAVAILABLE",
+                    "INVALID_MESSAGE", "SESSION_EXPIRED"]
+
+
+class LLMError(Exception):
+    """A backend failed; CODE is one of the chat design's wire error codes."""
+
+    def __init__(self, code: ErrorCode, message: str, *, retry_after_seconds: float | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after_seconds = retry_after_seconds
+
+
+class PromptMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["user", "assistant"]
+    content: str
+
+
+class ReplyAddress(BaseModel):
+    """Where the reply should go; filled in by the kernel, not by skills."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    channel: str
+    chat_id: str
+    buffer: str
+
+
+class PromptRequest(BaseModel):
+    """What a skill's probabilistic phase asks the kernel to send to the model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    system: str = ""
+    messages: list[PromptMessage] = Field(min_length=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+    reply_to: ReplyAddress | None = None
+
+    def with_retry_note(self, reply: str, reason: str) -> "PromptRequest":
+        """This request plus the rejected reply and why it was rejected."""
+        note = (f"Your reply was rejected: {reason}\n"
+                "Answer again with exactly one property list and nothing else.")
+        messages = [*self.messages, PromptMessage(role="assistant", content=reply or "(empty)"),
+                    PromptMessage(role="user", content=note)]
+        return self.model_copy(update={"messages": messages})
+
+
+class Usage(BaseModel):
+    """What one reply cost; `estimated` when the backend had to count itself."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    stop_reason: str = "end_turn"
+    model: str = ""
+    latency_s: float = 0.0
+    estimated: bool = False
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough count (about four characters a token) for backends that report none."""
+    return max(1, (len(text) + 3) // 4) if text else 0
+
+
+class Backend(abc.ABC):
+    """A source of replies.  `stream` yields str chunks, then one Usage."""
+
+    name: str = "backend"
+    warning: str | None = None  # shown to the person whenever this backend answers
+
+    @abc.abstractmethod
+    def stream(self, request: PromptRequest) -> AsyncIterator[str | Usage]:
+        """Stream the reply to REQUEST; raise LLMError on failure."""
+
+    async def aclose(self) -> None:
+        """Release connections; the default has none."""

@@ -1,0 +1,285 @@
+"""The message archive: one org file per thread (the ground truth) plus a SQLite index.
+
+Layout under ROOT (`$OPENCORTEX_HOME/memory`)::
+
+    index.sqlite                    the derived index (rebuilt when missing or unreadable)
+    <channel>/<safe chat id>.org    one file per thread; see `orgformat` for its text
+
+The safe name is the chat id percent-encoded (reversible), shortened with a hash
+when very long; the real chat id is always in the file's `#+CHAT_ID:` header.
+
+Writing: all messages of one append go, per thread, into ONE `os.write` on a
+file opened with O_APPEND under an exclusive `flock`, followed by `fsync`.
+Before writing, the writer reads only the file's last entry: if it is torn (a
+crash mid-write), its bytes are moved to `<file>.torn-<epoch>` first, and the
+id of the last complete entry becomes the PARENT of the new messages.  So the
+cost of an append does not grow with the size of memory, and two processes
+appending to the same file stay safe.  Readers take a shared `flock`.
+
+The index remembers how many bytes of each file it has seen; on open it reads
+only what grew since (and rereads a file that shrank).  After editing archive
+files by hand, call `reindex()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+from urllib.parse import quote
+
+from opencortex.events import Thread
+from opencortex.memory.index import MessageIndex
+from opencortex.memory.orgformat import (parse_thread_file, read_header_chat_id, render_entry,
+                                         render_header)
+from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit,
+                                       check_thread, check_unicode)
+from opencortex.memory.threadfile import (ArchiveError, locked, read_range, settle_tail,
+                                          truncate_quietly, write_all)
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "index.sqlite"
+MAX_NAME = 180               # bytes of a file name before it is shortened with a hash
+HEADER_BYTES = 1 << 16       # bytes read to find a file's #+CHAT_ID: header
+MAX_HITS = 1000              # most search hits returned at once
+
+
+class _Written(NamedTuple):
+    file: str                                     # path relative to the archive root
+    start: int                                    # file size before the write
+    end: int                                      # file size after it
+    entries: list[tuple[int, MessageRecord]]      # (offset, record) in file order
+
+
+def safe_name(chat_id: str) -> str:
+    """A file-system-safe file stem for CHAT_ID (percent-encoded; hashed when long)."""
+    name = quote(chat_id, safe="-_.")
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    if len(name) > MAX_NAME:
+        digest = hashlib.sha256(chat_id.encode("utf-8")).hexdigest()[:16]
+        name = f"{name[:MAX_NAME - 17]}~{digest}"
+    return name
+
+
+def _check_limit(limit: int) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise ValueError(f"limit must be a whole number >= 0, not {limit!r}")
+    return limit
+
+
+class Archive:
+    """Remembered messages: org files per thread plus a SQLite FTS5 index."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._index = MessageIndex(self.root / INDEX_NAME)
+        self.repair()
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the index (the org files are closed after every operation)."""
+        with self._lock:
+            self._index.close()
+
+    # -- files -------------------------------------------------------------
+
+    def thread_file(self, thread: Thread) -> Path:
+        """The org file holding THREAD's messages."""
+        channel, chat_id = check_thread(thread)
+        return self.root / channel / f"{safe_name(chat_id)}.org"
+
+    def _name(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+    def _org_files(self) -> list[Path]:
+        return sorted(p for p in self.root.glob("*/*.org") if p.is_file())
+
+    def threads(self) -> list[Thread]:
+        """Every thread with a file in the archive, sorted."""
+        found = set()
+        for path in self._org_files():
+            with path.open("rb") as stream:
+                head = stream.read(HEADER_BYTES).split(b"\n*", 1)[0]
+            chat_id = read_header_chat_id(head)
+            if chat_id is not None:
+                found.add(Thread(path.parent.name, chat_id))
+            elif head:
+                log.warning("%s has no #+CHAT_ID: header; skipped", self._name(path))
+        return sorted(found)
+
+    # -- writing -----------------------------------------------------------
+
+    def append(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
+        """Store MESSAGES (one turn) and return their records, in the given order.
+
+        Per thread: one locked, fsynced write; PARENT chains through the batch.
+        """
+        batch = [m if isinstance(m, NewMessage) else NewMessage.model_validate(m)
+                 for m in messages]
+        by_thread: dict[Thread, list[int]] = {}
+        for position, message in enumerate(batch):
+            by_thread.setdefault(message.thread, []).append(position)
+        records: list[MessageRecord | None] = [None] * len(batch)
+        now = time.time()
+        with self._lock:
+            for thread, positions in by_thread.items():
+                written = self._append_thread(thread, [batch[p] for p in positions], now)
+                self._index.add((written.file, offset, rec) for offset, rec in written.entries)
+                self._index.set_file_size(written.file, written.end, previous=written.start)
+                for position, (_, rec) in zip(positions, written.entries, strict=True):
+                    records[position] = rec
+        return records
+
+    def _append_thread(self, thread: Thread, messages: list[NewMessage],
+                       now: float) -> _Written:
+        path = self.thread_file(thread)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        name = self._name(path)
+        with locked(path, exclusive=True, create=True) as fd:
+            size, parent, _ = settle_tail(fd, path, name)
+            header = render_header(thread).encode("utf-8") if size == 0 else b""
+            records, chunks = [], []
+            for message in messages:
+                record = MessageRecord(
+                    id=str(uuid.uuid4()), role=message.role, text=message.text,
+                    channel=thread.channel, chat_id=thread.chat_id, sender=message.sender,
+                    timestamp=now if message.timestamp is None else message.timestamp,
+                    parent=parent, turn_type=message.turn_type, extra=dict(message.extra))
+                records.append(record)
+                chunks.append(render_entry(record).encode("utf-8"))
+                parent = record.id
+            blob = header + b"".join(chunks)
+            try:
+                write_all(fd, blob)
+                os.fsync(fd)
+            except OSError as error:
+                truncate_quietly(fd, size)
+                raise ArchiveError(
+                    f"could not save {len(messages)} message(s) to {name}: {error.strerror or error}; "
+                    "free disk space or fix permissions, then retry") from error
+            end = os.fstat(fd).st_size
+        if size == 0:
+            self._sync_directory(path.parent)
+        log.debug("appended %d message(s), %d bytes, to %s", len(records), len(blob), name)
+        offset, entries = end - len(blob) + len(header), []
+        for record, chunk in zip(records, chunks, strict=True):
+            entries.append((offset, record))
+            offset += len(chunk)
+        return _Written(name, end - len(blob), end, entries)
+
+    @staticmethod
+    def _sync_directory(directory: Path) -> None:
+        fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- reading -----------------------------------------------------------
+
+    def history(self, thread: Thread, limit: int = 20) -> list[MessageRecord]:
+        """The last LIMIT messages of THREAD, oldest first (from the index)."""
+        thread = check_thread(thread)
+        limit = _check_limit(limit)
+        with self._lock:
+            return self._index.history(thread, limit) if limit else []
+
+    def search(self, query: str, *, thread: Thread | None = None,
+               limit: int = 10) -> list[SearchHit]:
+        """Messages matching the words of QUERY, best first (BM25), optionally in THREAD.
+
+        Any word matches (OR); at most 1000 hits.  Scores are -bm25: higher is better.
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"query must be text, not {type(query).__name__}")
+        check_unicode(query, "search query")
+        if thread is not None:
+            thread = check_thread(thread)
+        limit = min(_check_limit(limit), MAX_HITS)
+        with self._lock:
+            return self._index.search(query, thread, limit) if limit else []
+
+    def read_thread(self, thread: Thread) -> list[MessageRecord]:
+        """Every complete message of THREAD, parsed from its org file with orgparse."""
+        thread = check_thread(thread)
+        path = self.thread_file(thread)
+        if not path.exists():
+            return []
+        with locked(path, exclusive=False) as fd:
+            data = read_range(fd, 0, os.fstat(fd).st_size)
+        parsed = parse_thread_file(data)
+        if parsed.skipped:
+            log.warning("%s: skipped %d malformed entries", self._name(path), parsed.skipped)
+        if parsed.length < len(data):
+            log.warning("%s ends with a torn entry of %d bytes; Archive.repair() moves it aside",
+                        self._name(path), len(data) - parsed.length)
+        return [record for _, record in parsed.entries if record.thread == thread]
+
+    # -- maintenance -------------------------------------------------------
+
+    def repair(self) -> list[str]:
+        """Move torn last entries aside (losing nothing), then bring the index up to date.
+
+        Returns one report per file that was repaired.
+        """
+        reports = []
+        with self._lock:
+            for path in self._org_files():
+                with locked(path, exclusive=True) as fd:
+                    _, _, report = settle_tail(fd, path, self._name(path))
+                if report:
+                    reports.append(report)
+            self._catch_up()
+        return reports
+
+    def reindex(self) -> int:
+        """Drop the index and rebuild it from the org files; returns the message count."""
+        with self._lock:
+            self._index.clear()
+            self._catch_up()
+            return self._index.count()
+
+    def _catch_up(self) -> None:
+        """Index what the org files hold beyond what the index has seen."""
+        known = self._index.file_sizes()
+        names = set()
+        for path in self._org_files():
+            names.add(self._name(path))
+            self._catch_up_file(path, known.get(self._name(path)))
+        for gone in known.keys() - names:
+            self._index.forget_file(gone)
+
+    def _catch_up_file(self, path: Path, known: int | None) -> None:
+        name = self._name(path)
+        with locked(path, exclusive=False) as fd:
+            size = os.fstat(fd).st_size
+            if known == size:
+                return
+            start = 0
+            if known and known < size and read_range(fd, known - 1, known + 1) == b"\n*":
+                start = known
+            data = read_range(fd, start, size)
+        if start == 0:
+            self._index.forget_file(name)
+        parsed = parse_thread_file(data, base=start)
+        added = self._index.add((name, offset, rec) for offset, rec in parsed.entries)
+        self._index.set_file_size(name, start + parsed.length)
+        log.info("indexed %d message(s) from %s (bytes %d..%d)", added, name, start,
+                 start + parsed.length)
+
+

@@ -1,0 +1,46 @@
+"""Assembling a kernel from a Config: archive, skills, backend, tools, actuators."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable, TextIO
+
+from opencortex.actuators import ActuatorRegistry, CliActuator, ToolActuator
+from opencortex.config import Config
+from opencortex.kernel import Kernel
+from opencortex.llm import Backend, make_backend
+from opencortex.memory import Archive
+from opencortex.skills import SkillRegistry
+from opencortex.tools import default_tools
+
+log = logging.getLogger(__name__)
+
+
+def read_persona(path: Path) -> str:
+    """The persona note's text, without org file keywords (`#+TITLE:` …)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        log.warning("persona note %s cannot be read; using none", path)
+        return ""
+    lines = [line for line in text.splitlines() if not line.lstrip().lower().startswith("#+")]
+    return "\n".join(lines).strip()
+
+
+def load_skills(config: Config) -> SkillRegistry:
+    registry = SkillRegistry(config.all_skill_dirs)
+    registry.load()
+    return registry
+
+
+def build_kernel(config: Config, *, backend: Backend | None = None,
+                 writer: Callable[[str], None] | None = None,
+                 stream: TextIO | None = None) -> Kernel:
+    """A ready kernel; skill load errors are in `kernel.skills.errors`."""
+    tools = default_tools()
+    actuators = ActuatorRegistry([CliActuator(stream=stream, writer=writer), ToolActuator(tools)])
+    return Kernel(config=config, skills=load_skills(config),
+                  backend=backend or make_backend(config), actuators=actuators,
+                  archive=Archive(config.memory_dir), tools=tools,
+                  persona=read_persona(config.persona_file))

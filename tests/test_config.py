@@ -1,0 +1,56 @@
+from pathlib import Path
+
+import pytest
+
+from opencortex.config import ConfigError, load_config
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ("OPENCORTEX_HOME", "OPENCORTEX_CONFIG", "OPENCORTEX_BACKEND",
+                 "OPENCORTEX_SCRIPT", "OPENCORTEX_SKILL_DIRS", "OPENCORTEX_PERSONA"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults_follow_xdg(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    config = load_config()
+    assert config.home == (tmp_path / "data" / "opencortex").resolve()
+    assert config.memory_dir == config.home / "memory"
+    assert config.backend == "auto"
+    assert config.config_file is None
+
+
+def test_toml_file_in_home_and_relative_paths(tmp_path):
+    (tmp_path / "config.toml").write_text(
+        'backend = "script"\nscript = "replies.txt"\nskill_dirs = ["mine"]\n'
+        'max_rejections = 2\n[chat]\nallowed_buffers = ["*notes*"]\n')
+    config = load_config(tmp_path)
+    assert config.backend == "script"
+    assert config.script == tmp_path / "replies.txt"
+    assert config.skill_dirs == [tmp_path / "mine"]
+    assert config.max_rejections == 2
+    assert config.chat.allowed_buffers == ["*notes*"]
+    assert config.all_skill_dirs[-1] == tmp_path / "mine"
+
+
+def test_environment_beats_file_and_arguments_beat_environment(tmp_path, monkeypatch):
+    (tmp_path / "config.toml").write_text('backend = "script"\nscript = "x"\n')
+    monkeypatch.setenv("OPENCORTEX_BACKEND", "echo")
+    assert load_config(tmp_path).backend == "echo"
+    assert load_config(tmp_path, backend="script").backend == "script"
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("backend = [", "not valid TOML"),
+    ('backend = "gpt"', "backend"),
+    ("max_rejections = -1", "max_rejections"),
+    ("unknown_key = 1", "unknown_key"),
+])
+def test_bad_configuration_is_named(tmp_path, content, fragment):
+    (tmp_path / "config.toml").write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    assert fragment in str(caught.value)
+    assert "config.toml" in str(caught.value)
