@@ -12,6 +12,7 @@ import pytest
 from opencortex.events import EventError, Thread, chat_message
 from opencortex.llm import Backend, EchoBackend, PromptRequest, ScriptBackend, Usage
 from opencortex.llm.base import LLMError
+from opencortex.kernel import TurnObserver
 from opencortex.runtime import build_kernel
 
 from conftest import RecordingActuator
@@ -139,6 +140,7 @@ def test_shell_needs_approval_and_is_not_run(config, tmp_path):
     result = run(kernel.handle(chat_message("make a file")))
     assert result.status == "needs-approval"
     assert "Needs your approval, not run" in printed[0]
+    assert "cannot approve" in printed[0]
     assert not Path("/tmp/never").exists()
     records = kernel.archive.read_thread(CLI)
     assert records[1].turn_type == "yield"
@@ -214,8 +216,12 @@ def test_response_goes_back_to_the_originating_channel_and_log_is_a_thought(conf
 def test_chunks_stream_to_listeners_and_add_up_to_the_reply(config):
     kernel, _ = make(config, EchoBackend(chunk_size=3))
     got: list[str] = []
-    kernel.chunk_listeners.append(lambda thread, chunk: got.append(chunk))
-    result = run(kernel.handle(chat_message("stream me")))
+
+    class Collect(TurnObserver):
+        def on_chunk(self, text):
+            got.append(text)
+
+    result = run(kernel.handle(chat_message("stream me"), Collect()))
     assert len(got) > 5
     from opencortex.reader import read_plist
     assert read_plist("".join(got))["text"] == result.text

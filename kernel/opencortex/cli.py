@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--thread", default="cli:local",
                       help="thread as CHANNEL:CHAT-ID or a chat id on cli (default cli:local)")
     chat.add_argument("--json", action="store_true", help="print the turn as one JSON object")
-    chat.add_argument("--backend", choices=["auto", "echo", "script"], help="LLM backend")
+    chat.add_argument("--backend", choices=["auto", "echo", "script", "anthropic", "openai"],
+                      help="LLM backend (default: the configuration's `backend`)")
+    chat.add_argument("--model", help="model for every turn, beating the [llm] model table")
     chat.add_argument("--script", type=Path, help="replies file for the script backend")
 
     skills = sub.add_parser("skills", parents=[common], help="list the loaded skills")
@@ -62,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--limit", type=int, default=10)
     search.add_argument("--json", action="store_true")
     memory_sub.add_parser("reindex", parents=[common], help="rebuild the index from the org files")
+
+    serve = sub.add_parser("serve", parents=[common],
+                           help="run as an EPC server for Emacs (prints the port first)")
+    serve.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free)")
+    serve.add_argument("--connection-file", type=Path,
+                       help="where to write port and secret (default: the runtime dir)")
+    serve.add_argument("--backend", choices=["auto", "echo", "script"], help="LLM backend")
+    serve.add_argument("--script", type=Path, help="replies file for the script backend")
 
     sub.add_parser("doctor", parents=[common], help="what is present and missing, with fixes")
     return parser
@@ -140,6 +150,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     config = load_config(args.home, backend=args.backend, script=args.script)
     if args.script and not args.backend:
         config = config.model_copy(update={"backend": "script"})
+    if args.model:
+        config = config.model_copy(update={"llm": config.llm.model_copy(
+            update={"model": args.model})})
     thread = Thread.parse(args.thread)
     if args.message is not None:
         return asyncio.run(_chat_once(config, args, thread))
@@ -216,6 +229,14 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from opencortex.serve import serve
+    config = load_config(args.home, backend=args.backend, script=args.script)
+    if args.script and not args.backend:
+        config = config.model_copy(update={"backend": "script"})
+    return asyncio.run(serve(config, port=args.port, connection_file=args.connection_file))
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from opencortex.doctor import run_checks
     config = load_config(args.home)
@@ -230,7 +251,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"chat": cmd_chat, "skills": cmd_skills, "read-action": cmd_read_action,
-            "memory": cmd_memory, "doctor": cmd_doctor}
+            "memory": cmd_memory, "serve": cmd_serve, "doctor": cmd_doctor}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

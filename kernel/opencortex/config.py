@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from opencortex.llm.settings import LLMSettings
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_SKILLS = PROJECT_ROOT / "skills"
 BUNDLED_PERSONA = PROJECT_ROOT / "org" / "identity.org"
@@ -38,6 +40,29 @@ class ChatSettings(BaseModel):
     allowed_buffers: list[str] = Field(default_factory=list)
     history_limit: int = Field(default=20, ge=0, le=10_000)
     history_chars: int = Field(default=1000, ge=100)
+    context_budget: int = Field(default=8000, ge=256)
+
+
+class ShellSettings(BaseModel):
+    """How an approved shell command runs: no shell, a timeout, a scrubbed environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cwd: Path | None = None  # default: the home directory
+    timeout: float = Field(default=60.0, gt=0)
+    output_limit: int = Field(default=8000, ge=100)
+    keep_env: list[str] = Field(default_factory=lambda: [
+        "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "USER", "LOGNAME", "TZ"])
+
+
+class EmacsSettings(BaseModel):
+    """The EPC server Emacs talks to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    approval_timeout: float = Field(default=120.0, gt=0)
+    max_payload_bytes: int = Field(default=4 << 20, ge=1024, le=15 << 20)
+    call_timeout: float = Field(default=10.0, gt=0)
 
 
 class Config(BaseModel):
@@ -47,7 +72,7 @@ class Config(BaseModel):
 
     home: Path
     config_file: Path | None = None
-    backend: Literal["auto", "echo", "script"] = "auto"
+    backend: Literal["auto", "echo", "script", "anthropic", "openai"] = "auto"
     script: Path | None = None
     skill_dirs: list[Path] = Field(default_factory=list)
     bundled_skills: bool = True
@@ -57,6 +82,9 @@ class Config(BaseModel):
     max_reply_depth: int = Field(default=64, ge=4, le=512)
     llm_timeout: float = Field(default=120.0, gt=0)
     chat: ChatSettings = Field(default_factory=ChatSettings)
+    shell: ShellSettings = Field(default_factory=ShellSettings)
+    emacs: EmacsSettings = Field(default_factory=EmacsSettings)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
 
     @property
     def memory_dir(self) -> Path:

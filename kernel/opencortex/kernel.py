@@ -10,14 +10,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from opencortex.actions import Action, Log, Response, ToolCall, reply_action
-from opencortex.actuators import ActuatorError, ActuatorRegistry, Outcome
+from opencortex.actions import Action, Log, Response, ShellCommand, ToolCall, reply_action
+from opencortex.actuators import ActuatorError, ActuatorRegistry, MessageActuator, Outcome
+from opencortex.actuators.base import address_of
+from opencortex.actuators.shell import ShellActuator, argv_of
+from opencortex.approvals import ApprovalDecision, ApprovalRequest, Approver
 from opencortex.config import Config
 from opencortex.events import Event, Thread, parse_event
 from opencortex.llm import Backend, LLMError, PromptRequest, ReplyAddress, Usage
@@ -28,8 +32,17 @@ from opencortex.verification import Verdict, judge, jsonable
 
 log = logging.getLogger(__name__)
 
-Status = Literal["done", "needs-approval", "rejected", "failed", "no-skill"]
-ChunkListener = Callable[[Thread, str], None]
+Status = Literal["done", "needs-approval", "rejected", "failed", "no-skill", "aborted"]
+
+
+class TurnObserver:
+    """What a frontend may follow of a turn while it runs (default: nothing)."""
+
+    def on_chunk(self, text: str) -> None:
+        """A streamed piece of the raw model reply."""
+
+    def on_reply_done(self) -> None:
+        """The model finished one reply; verification and actuation follow."""
 
 
 @dataclass
@@ -39,6 +52,7 @@ class TurnResult:
     thread: Thread
     status: Status
     backend: str
+    turn_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     text: str | None = None
     action: dict[str, Any] | None = None
     skill: str | None = None
@@ -50,7 +64,7 @@ class TurnResult:
     elapsed_s: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
-        return {"status": self.status, "text": self.text, "action": jsonable(self.action),
+        return {"status": self.status, "turn_id": self.turn_id, "text": self.text, "action": jsonable(self.action),
                 "backend": self.backend, "thread": str(self.thread), "skill": self.skill,
                 "ids": self.ids, "warnings": self.warnings, "errors": self.errors,
                 "usage": self.usage.model_dump() if self.usage else None,
@@ -59,6 +73,20 @@ class TurnResult:
 
 class TurnFailed(Exception):
     """Internal: a turn stops here; the message is what the person is told."""
+
+
+@dataclass
+class ThreadStats:
+    """Running figures for a thread's status line."""
+
+    turns: int = 0
+    total_latency_s: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def average_latency_ms(self) -> float:
+        return 1000 * self.total_latency_s / self.turns if self.turns else 0.0
 
 
 class Kernel:
@@ -74,31 +102,45 @@ class Kernel:
         self.archive = archive
         self.tools = tools
         self.persona = persona
-        self.chunk_listeners: list[ChunkListener] = []
+        self.approvers: dict[str, Approver] = {}
+        self.stats: dict[Thread, ThreadStats] = {}
         self._locks: weakref.WeakValueDictionary[Thread, asyncio.Lock] = \
             weakref.WeakValueDictionary()
 
     # -- entry --------------------------------------------------------------
 
-    async def handle(self, event: Event | dict[str, Any]) -> TurnResult:
-        """Run one turn for EVENT (raises EventError for an invalid event, changing nothing)."""
+    async def handle(self, event: Event | dict[str, Any], observer: TurnObserver | None = None,
+                     turn_id: str | None = None) -> TurnResult:
+        """Run one turn for EVENT (raises EventError for an invalid event, changing nothing).
+
+        Cancelling the task that awaits this aborts the turn: before actuation nothing
+        of it is archived; once actuation started, it completes."""
         event = parse_event(event)
         lock = self._locks.get(event.thread)
         if lock is None:
             lock = self._locks[event.thread] = asyncio.Lock()
+        result = TurnResult(event.thread, "failed", self.backend.name)
+        result.turn_id = turn_id or result.turn_id
         async with lock:
             started = time.perf_counter()
-            result = TurnResult(event.thread, "failed", self.backend.name)
             if self.backend.warning:
                 result.warnings.append(self.backend.warning)
             try:
-                await self._turn(event, result)
+                await self._turn(event, result, observer or TurnObserver())
             except TurnFailed as failure:
-                result.status = result.status if result.status != "done" else "failed"
                 result.errors.append(str(failure))
                 await self._notify(event, f"System Error: {failure}", result)
             result.elapsed_s = time.perf_counter() - started
+            self._count(event.thread, result)
             return result
+
+    def _count(self, thread: Thread, result: TurnResult) -> None:
+        stats = self.stats.setdefault(thread, ThreadStats())
+        stats.turns += 1
+        stats.total_latency_s += result.elapsed_s
+        if result.usage is not None:
+            stats.input_tokens = result.usage.input_tokens
+            stats.output_tokens += result.usage.output_tokens
 
     # -- the turn -----------------------------------------------------------
 
@@ -114,7 +156,7 @@ class Kernel:
                             tools=self.tools.descriptions(), attempt=attempt,
                             rejections=list(rejections))
 
-    async def _turn(self, event: Event, result: TurnResult) -> None:
+    async def _turn(self, event: Event, result: TurnResult, observer: TurnObserver) -> None:
         ctx = self.context(event)
         skill = next((s for s in self.skills.matching(ctx) if s.probabilistic), None)
         if skill is None:
@@ -123,17 +165,18 @@ class Kernel:
                              "run `opencortex skills --check`)")
         result.skill = skill.name
         request = self._prompt(skill, ctx)
-        verdict = await self._ask_until_valid(skill, request, ctx, result)
+        verdict = await self._ask_until_valid(skill, request, ctx, result, observer)
         if verdict.status == "rejected":
             result.status = "rejected"
             await self._give_up(event, verdict, result)
             return
         assert verdict.action is not None
         result.action = verdict.action.to_plist()
+        # From here on the person sees effects: finish even if the turn is aborted.
         if verdict.status == "needs-approval":
-            await self._hold_for_approval(event, verdict, result)
+            await asyncio.shield(self._hold_for_approval(event, verdict, result))
             return
-        await self._act(event, verdict.action, result)
+        await asyncio.shield(self._act(event, verdict.action, result))
 
     def _prompt(self, skill: Skill, ctx: SkillContext) -> PromptRequest:
         try:
@@ -154,11 +197,11 @@ class Kernel:
         return request.model_copy(update={"reply_to": address})
 
     async def _ask_until_valid(self, skill: Skill, request: PromptRequest, ctx: SkillContext,
-                               result: TurnResult) -> Verdict:
+                               result: TurnResult, observer: TurnObserver) -> Verdict:
         verdict = Verdict("rejected")
         for attempt in range(self.config.max_rejections + 1):
             result.attempts = attempt + 1
-            reply = await self._ask(request, ctx.thread, result)
+            reply = await self._ask(request, result, observer)
             verdict = judge(reply, self.skills.skills, ctx, self.tools,
                             max_bytes=self.config.max_reply_bytes,
                             max_depth=self.config.max_reply_depth)
@@ -171,7 +214,8 @@ class Kernel:
             ctx = replace(ctx, attempt=attempt + 1, rejections=[*ctx.rejections, reason])
         return verdict
 
-    async def _ask(self, request: PromptRequest, thread: Thread, result: TurnResult) -> str:
+    async def _ask(self, request: PromptRequest, result: TurnResult,
+                   observer: TurnObserver) -> str:
         chunks: list[str] = []
         try:
             async with asyncio.timeout(self.config.llm_timeout):
@@ -180,8 +224,8 @@ class Kernel:
                         result.usage = item
                         continue
                     chunks.append(item)
-                    for listener in self.chunk_listeners:
-                        listener(thread, item)
+                    observer.on_chunk(item)
+            observer.on_reply_done()
         except LLMError as error:
             raise TurnFailed(f"{error.code}: {error.message}") from error
         except TimeoutError:
@@ -235,38 +279,92 @@ class Kernel:
 
     async def _hold_for_approval(self, event: Event, verdict: Verdict,
                                  result: TurnResult) -> None:
-        assert verdict.action is not None
+        action = verdict.action
+        assert action is not None
         result.status = "needs-approval"
-        proposed = verdict.action.printed()
-        message = (f"Needs your approval, not run: {proposed}\n"
-                   f"Why: {verdict.approval_reason}\n"
-                   "Approvals are answered from Emacs; this channel cannot approve.")
-        await self._notify(event, message, result)
-        result.text = message
-        result.ids = self._archive(event, result, proposed, turn_type="yield")
+        proposed = action.printed()
+        approver = self.approvers.get(event.channel)
+        shell = self._shell()
+        if approver is None or shell is None or not isinstance(action, ShellCommand):
+            message = (f"Needs your approval, not run: {proposed}\n"
+                       f"Why: {verdict.approval_reason}\n"
+                       "This channel cannot approve actions; nothing was run.")
+            await self._notify(event, message, result, error=False)
+            result.text = message
+            result.ids = self._archive(event, result, proposed, turn_type="yield")
+            return
+        try:
+            request = ApprovalRequest(thread=event.thread, argv=tuple(argv_of(action)),
+                                      cwd=str(shell.working_directory(action)),
+                                      reason=verdict.approval_reason or "",
+                                      timeout=self.config.emacs.approval_timeout)
+        except ActuatorError as error:
+            raise TurnFailed(f"cannot ask for approval: {error}") from error
+        decision = await approver.ask(request)
+        await self._after_decision(event, action, request, decision, shell, result)
 
-    async def _notify(self, event: Event, text: str, result: TurnResult) -> bool:
+    async def _after_decision(self, event: Event, action: ShellCommand, request: ApprovalRequest,
+                              decision: ApprovalDecision, shell: ShellActuator,
+                              result: TurnResult) -> None:
+        log.info("approval %s: %s", request.id, decision.how)
+        said = [(f"{decision.how}: {request.command} (in {request.cwd})", "yield")]
+        if decision.approved:
+            result.status = "done"
+            try:
+                outcome = await shell.run_approved(action, decision)
+                shown = outcome.result or ""
+            except ActuatorError as error:
+                result.errors.append(str(error))
+                shown = f"System Error: {error}"
+            await self._notify(event, shown, result, error=shown.startswith("System Error"),
+                               heading=False)
+            said.append((shown, "action"))
+        else:
+            result.status = "needs-approval"
+            shown = f"Not run ({decision.how}): {request.command}"
+            await self._notify(event, shown, result, error=False)
+        result.text = shown
+        result.ids = self._archive_many(event, result, [
+            ("assistant", action.printed(), "yield"),
+            *[("system", text, kind) for text, kind in said]])
+
+    def _shell(self) -> ShellActuator | None:
+        try:
+            actuator = self.actuators.for_target("shell")
+        except ActuatorError:
+            return None
+        return actuator if isinstance(actuator, ShellActuator) else None
+
+    async def _notify(self, event: Event, text: str, result: TurnResult, *,
+                      error: bool = True, heading: bool = True) -> bool:
         """Tell the person on EVENT's channel; never raise.  True if it reached them."""
-        shown = f"* {text}" if event.channel == "emacs" else text
+        shown = f"* {text}" if event.channel == "emacs" and heading else text
         action = reply_action(event.channel, event.chat_id, shown, self.config.chat.buffer)
         try:
-            await self.actuators.for_target(event.channel).carry_out(action, event)
+            actuator = self.actuators.for_target(event.channel)
+            if error and isinstance(actuator, MessageActuator):
+                await actuator.show_error(address_of(action), shown)
+            else:
+                await actuator.carry_out(action, event)
             return True
-        except ActuatorError as error:
-            result.errors.append(f"could not tell the person: {error}")
+        except ActuatorError as error_:
+            result.errors.append(f"could not tell the person: {error_}")
             return False
 
     def _archive(self, event: Event, result: TurnResult, reply: str, *,
                  role: str = "assistant", turn_type: str = "speech",
                  extra: dict[str, str] | None = None) -> list[str]:
         """Write the turn: the person's message and the answer, in one append."""
+        return self._archive_many(event, result, [(role, reply, turn_type)], extra)
+
+    def _archive_many(self, event: Event, result: TurnResult,
+                      replies: list[tuple[str, str, str]],
+                      extra: dict[str, str] | None = None) -> list[str]:
         tags = {"SKILL": result.skill or "", "BACKEND": result.backend, **(extra or {})}
-        messages = [
-            NewMessage(role="user", text=event.text, thread=event.thread, sender=event.sender,
-                       timestamp=event.received_at.timestamp()),
-            NewMessage(role=role, text=reply, thread=event.thread, turn_type=turn_type,
-                       extra=tags),
-        ]
+        messages = [NewMessage(role="user", text=event.text, thread=event.thread,
+                               sender=event.sender, timestamp=event.received_at.timestamp())]
+        messages += [NewMessage(role=role, text=text, thread=event.thread, turn_type=kind,
+                                extra=tags) for role, text, kind in replies]
         return [record.id for record in self.archive.append(messages)]
 
     async def aclose(self) -> None:

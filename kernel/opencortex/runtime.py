@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from opencortex.actuators import ActuatorRegistry, CliActuator, ToolActuator
+from opencortex.actuators.shell import ShellActuator
 from opencortex.config import Config
 from opencortex.kernel import Kernel
 from opencortex.llm import Backend, make_backend
@@ -39,7 +40,8 @@ def build_kernel(config: Config, *, backend: Backend | None = None,
                  stream: TextIO | None = None) -> Kernel:
     """A ready kernel; skill load errors are in `kernel.skills.errors`."""
     tools = default_tools()
-    actuators = ActuatorRegistry([CliActuator(stream=stream, writer=writer), ToolActuator(tools)])
+    actuators = ActuatorRegistry([CliActuator(stream=stream, writer=writer), ToolActuator(tools),
+                                  ShellActuator(config.shell, config.home)])
     return Kernel(config=config, skills=load_skills(config),
                   backend=backend or make_backend(config), actuators=actuators,
                   archive=Archive(config.memory_dir), tools=tools,

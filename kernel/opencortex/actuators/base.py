@@ -61,6 +61,10 @@ class MessageActuator(Actuator):
     async def deliver(self, address: str, text: str) -> None:
         """Show TEXT at ADDRESS (a buffer, chat id or room id)."""
 
+    async def show_error(self, address: str, text: str) -> None:
+        """Show an error; frontends that can set errors apart (a face, a prefix) override this."""
+        await self.deliver(address, text)
+
     async def carry_out(self, action: Action, event: Event) -> Outcome:
         if not isinstance(action, (EmacsInsert, ChatIdMessage, MatrixMessage, CliPrint)):
             raise ActuatorError(f"{type(self).__name__} cannot carry out {type(action).__name__}")

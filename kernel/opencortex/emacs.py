@@ -1,0 +1,212 @@
+"""The Emacs frontend: what Emacs may call, and how the kernel reaches Emacs.
+
+- `EmacsLink`: the live connection (the latest authenticated one).
+- `EmacsActuator`: carries out `:target :emacs` actions through specific elisp
+  methods (`opencortex-insert`, `opencortex-show-error`); text over the payload
+  cap is split, never sent as one oversized frame.
+- `StreamRelay`: streams the `:text` of a reply into the chat buffer while it
+  arrives (`opencortex-stream`), ended or removed when the reply is complete.
+- `EmacsApprover`: asks the person in the chat buffer (`opencortex-ask-approval`).
+- `EmacsService`: the methods Emacs calls; each is a coroutine on the kernel's loop.
+Nothing here evaluates elisp or Python sent by either side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from opencortex.actuators import ActuatorError, MessageActuator
+from opencortex.approvals import ApprovalBook, ApprovalDecision, ApprovalRequest, Approver
+from opencortex.epc import KernelConnection
+from opencortex.events import EventError, Thread, chat_message
+from opencortex.kernel import Kernel, TurnObserver, TurnResult
+from opencortex.streaming import TextExtractor
+
+log = logging.getLogger(__name__)
+
+
+class EmacsLink:
+    """The connection to Emacs, if any."""
+
+    def __init__(self, call_timeout: float = 10.0):
+        self.connection: KernelConnection | None = None
+        self.call_timeout = call_timeout
+
+    def connected(self, connection: KernelConnection) -> None:
+        self.connection = connection
+
+    async def call(self, method: str, *args: Any) -> Any:
+        if self.connection is None:
+            raise ActuatorError("Emacs is not connected; run M-x opencortex-chat")
+        try:
+            return await self.connection.call(method, list(args), self.call_timeout)
+        except (ConnectionError, OSError, RuntimeError, asyncio.TimeoutError) as error:
+            raise ActuatorError(f"Emacs did not take {method}: {type(error).__name__}") from error
+
+    def notify(self, method: str, *args: Any) -> None:
+        if self.connection is not None:
+            try:
+                self.connection.notify(method, list(args))
+            except (ConnectionError, OSError, ValueError):
+                log.info("Emacs is gone; %s not sent", method)
+
+
+def split_utf8(text: str, max_bytes: int) -> list[str]:
+    """TEXT in pieces of at most MAX_BYTES bytes of UTF-8, never splitting a character."""
+    pieces, current, size = [], [], 0
+    for char in text:
+        width = len(char.encode("utf-8"))
+        if size + width > max_bytes and current:
+            pieces.append("".join(current))
+            current, size = [], 0
+        current.append(char)
+        size += width
+    if current or not pieces:
+        pieces.append("".join(current))
+    return pieces
+
+
+class EmacsActuator(MessageActuator):
+    targets = ("emacs",)
+
+    def __init__(self, link: EmacsLink, max_payload_bytes: int):
+        self.link = link
+        # An escaped string can take twice its bytes; keep room for the frame around it.
+        self.piece_bytes = max(1, max_payload_bytes // 2 - 4096)
+
+    async def deliver(self, address: str, text: str) -> None:
+        for piece in split_utf8(text, self.piece_bytes):
+            await self.link.call("opencortex-insert", address, piece)
+
+    async def show_error(self, address: str, text: str) -> None:
+        for piece in split_utf8(text, self.piece_bytes):
+            await self.link.call("opencortex-show-error", piece)
+
+
+class StreamRelay(TurnObserver):
+    """Streams one turn's reply text into the chat buffer as it arrives."""
+
+    def __init__(self, link: EmacsLink, turn_id: str, piece_bytes: int):
+        self.link = link
+        self.turn_id = turn_id
+        self.piece_bytes = piece_bytes
+        self.extractor = TextExtractor()
+        self.streamed = False
+
+    def on_chunk(self, text: str) -> None:
+        delta = self.extractor.feed(text)
+        if delta:
+            self.streamed = True
+            for piece in split_utf8(delta, self.piece_bytes):
+                self.link.notify("opencortex-stream", self.turn_id, "chunk", piece)
+
+    def on_reply_done(self) -> None:
+        if self.streamed:
+            self.link.notify("opencortex-stream", self.turn_id, "end", "")
+        self.extractor = TextExtractor()
+        self.streamed = False
+
+    def abort(self, message: str) -> None:
+        self.link.notify("opencortex-stream", self.turn_id, "abort", message)
+
+
+class EmacsApprover(Approver):
+    def __init__(self, link: EmacsLink, book: ApprovalBook):
+        self.link = link
+        self.book = book
+
+    async def ask(self, request: ApprovalRequest) -> ApprovalDecision:
+        shown = {"command": request.command, "argv": list(request.argv), "cwd": request.cwd,
+                 "reason": request.reason, "timeout": request.timeout}
+        try:
+            await self.link.call("opencortex-ask-approval", request.id, shown)
+        except ActuatorError:
+            return ApprovalDecision("unavailable")
+        return await self.book.wait(request)
+
+
+class EmacsService:
+    """The methods Emacs may call, by EPC name."""
+
+    def __init__(self, kernel: Kernel, link: EmacsLink, book: ApprovalBook,
+                 piece_bytes: int):
+        self.kernel = kernel
+        self.link = link
+        self.book = book
+        self.piece_bytes = piece_bytes
+        self.running: dict[Thread, asyncio.Task[TurnResult]] = {}
+
+    def methods(self) -> dict[str, Any]:
+        return {"send-message": self.send_message, "abort-turn": self.abort_turn,
+                "slash-command": self.slash_command, "answer-approval": self.answer_approval,
+                "status": self.status, "reload-skills": self.reload_skills}
+
+    async def send_message(self, chat_id: str, text: str) -> dict[str, Any]:
+        """Acknowledge at once; the turn runs in the background and streams into Emacs."""
+        try:
+            event = chat_message(text, "emacs", chat_id)
+        except EventError as error:
+            raise ValueError(str(error)) from None
+        result = TurnResult(event.thread, "failed", self.kernel.backend.name)
+        relay = StreamRelay(self.link, result.turn_id, self.piece_bytes)
+        task = asyncio.create_task(self.kernel.handle(event, relay, result.turn_id))
+        self.running[event.thread] = task
+        task.add_done_callback(lambda done: self._turn_finished(event.thread, relay, done))
+        return {"turn-id": result.turn_id, "thread": str(event.thread)}
+
+    def _turn_finished(self, thread: Thread, relay: StreamRelay,
+                       task: asyncio.Task[TurnResult]) -> None:
+        if self.running.get(thread) is task:
+            del self.running[thread]
+        if task.cancelled():
+            relay.abort("Turn aborted: nothing of it was archived. Send the message again "
+                        "when you are ready.")
+        elif task.exception() is not None:
+            log.error("turn failed unexpectedly: %s", type(task.exception()).__name__)
+            relay.abort(f"Kernel error ({type(task.exception()).__name__}); the message "
+                        "was not archived. See the kernel's stderr.")
+        self.link.notify("opencortex-status-changed", self.status_of(thread))
+
+    async def abort_turn(self, chat_id: str) -> bool:
+        task = self.running.get(Thread("emacs", chat_id))
+        if task is None or task.done():
+            return False
+        task.cancel()
+        return True
+
+    async def answer_approval(self, approval_id: str, answer: str) -> bool:
+        return self.book.answer(str(approval_id), str(answer).lower() in ("yes", "y", "t"))
+
+    def status_of(self, thread: Thread) -> dict[str, Any]:
+        stats = self.kernel.stats.get(thread)
+        budget = self.kernel.config.chat.context_budget
+        return {"turn": stats.turns if stats else 0,
+                "context-percent": round(100 * stats.input_tokens / budget, 1) if stats else 0,
+                "cost-usd": 0.0,
+                "latency-ms": round(stats.average_latency_ms, 1) if stats else 0,
+                "backend": self.kernel.backend.name,
+                "warning": self.kernel.backend.warning,
+                "memory-file": str(self.kernel.archive.thread_file(thread))}
+
+    async def status(self, chat_id: str) -> dict[str, Any]:
+        return self.status_of(Thread("emacs", chat_id))
+
+    async def reload_skills(self) -> dict[str, Any]:
+        errors = self.kernel.skills.reload()
+        return {"skills": len(self.kernel.skills.skills), "errors": [str(e) for e in errors]}
+
+    async def slash_command(self, chat_id: str, text: str) -> dict[str, Any]:
+        word = text.strip().split()[0].lower() if text.strip() else "/help"
+        if word == "/reload":
+            reloaded = await self.reload_skills()
+            lines = [f"Reloaded {reloaded['skills']} skills."] + reloaded["errors"]
+            return {"text": "\n".join(lines)}
+        if word == "/status":
+            status = self.status_of(Thread("emacs", chat_id))
+            return {"text": " ".join(f"{k}={v}" for k, v in status.items())}
+        if word == "/help":
+            return {"text": "/help — this list\n/reload — reload skills from disk\n"
+                            "/status — turn, context, cost, latency, backend"}
+        return {"text": f"Unknown command {word}; /help lists the commands."}

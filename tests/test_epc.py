@@ -1,0 +1,292 @@
+"""The kernel's EPC server, over real EPC with python-epc's client as the peer.
+
+Emacs itself drives the kernel in test_emacs_e2e.py; here a Python EPC client
+plays Emacs so each server rule can be checked directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from epc.client import EPCClient
+
+from conftest import cli_env
+
+
+class Kernel:
+    """`opencortex serve` as a subprocess; stopped by the test."""
+
+    def __init__(self, home: Path, runtime: Path, *args: str, **env: str):
+        self.runtime = runtime
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "opencortex", "serve", "--home", str(home), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=cli_env(home, XDG_RUNTIME_DIR=str(runtime), **env))
+        line = self.process.stdout.readline()
+        assert line.strip().isdigit(), (line, self.process.stderr.read())
+        self.port = int(line)
+
+    @property
+    def connection_file(self) -> Path:
+        return self.runtime / "opencortex" / "kernel.json"
+
+    def secret(self) -> str:
+        return json.loads(self.connection_file.read_text())["secret"]
+
+    def stop(self) -> int:
+        self.process.terminate()
+        try:
+            return self.process.wait(timeout=10)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.stdout.close()
+            self.process.stderr.close()
+
+
+class FakeEmacs:
+    """A python-epc client that offers the elisp methods and records their calls."""
+
+    def __init__(self, port: int):
+        self.client = EPCClient(("127.0.0.1", port))
+        self.calls: list[tuple[str, tuple]] = []
+        self.lock = threading.Lock()
+        for name in ("opencortex-insert", "opencortex-stream", "opencortex-show-error",
+                     "opencortex-ask-approval", "opencortex-status-changed"):
+            self.client.register_function(self._recorder(name), name)
+
+    def _recorder(self, name: str):
+        def record(*args):
+            with self.lock:
+                self.calls.append((name, args))
+            return True
+        return record
+
+    def call(self, method: str, *args, timeout: float = 10):
+        return self.client.call_sync(method, list(args), timeout=timeout)
+
+    def wait_for(self, name: str, count: int = 1, timeout: float = 15) -> list[tuple]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                found = [args for method, args in self.calls if method == name]
+            if len(found) >= count:
+                return found
+            time.sleep(0.01)
+        raise AssertionError(f"{name} called {len(found)} times, expected {count}: {self.calls}")
+
+    def close(self):
+        self.client.close()
+
+
+@pytest.fixture
+def start(home, tmp_path):
+    started: list[Kernel] = []
+    clients: list[FakeEmacs] = []
+
+    def launch(*args: str, authenticate: bool = True, **env: str):
+        kernel = Kernel(home, tmp_path / "run", *args, **env)
+        started.append(kernel)
+        emacs = FakeEmacs(kernel.port)
+        clients.append(emacs)
+        if authenticate:
+            assert emacs.call("authenticate", kernel.secret()) is True
+        return kernel, emacs
+
+    yield launch
+    for client in clients:
+        client.close()
+    for kernel in started:
+        kernel.stop()
+
+
+def plist(items) -> dict:
+    return {str(items[i]).lstrip(":"): items[i + 1] for i in range(0, len(items), 2)}
+
+
+def test_port_first_connection_file_private_and_removed_on_exit(start):
+    kernel, _ = start()
+    info = json.loads(kernel.connection_file.read_text())
+    assert info["port"] == kernel.port and info["pid"] == kernel.process.pid
+    assert stat.S_IMODE(kernel.connection_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(kernel.connection_file.parent.stat().st_mode) == 0o700
+    assert kernel.stop() == 0
+    assert not kernel.connection_file.exists()
+
+
+def test_calls_without_the_secret_are_refused_and_do_nothing(start, home):
+    kernel, emacs = start(authenticate=False)
+    with pytest.raises(Exception, match="not authenticated"):
+        emacs.call("send-message", "main", "hello")
+    with pytest.raises(Exception, match="authentication failed"):
+        emacs.call("authenticate", "wrong secret")
+    with pytest.raises(Exception, match="not authenticated"):
+        emacs.call("status", "main")
+    assert not (home / "memory" / "emacs").exists()
+
+
+def test_secret_from_the_environment_is_not_inherited_and_no_file_is_written(start, tmp_path):
+    kernel, emacs = start(authenticate=False, OPENCORTEX_SECRET="s3cret-from-emacs")
+    assert emacs.call("authenticate", "s3cret-from-emacs") is True
+    assert not kernel.connection_file.exists()
+
+
+def test_the_port_listens_on_loopback_only(start):
+    kernel, _ = start()
+    out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout \
+        if Path("/usr/bin/ss").exists() or Path("/bin/ss").exists() else ""
+    for line in out.splitlines():
+        if f":{kernel.port} " in line:
+            assert "127.0.0.1:" in line, line
+    addresses = set()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
+            addresses.add(probe.getsockname()[0])
+    except OSError:
+        pass
+    for address in addresses - {"127.0.0.1", "0.0.0.0"}:
+        with pytest.raises(OSError):
+            socket.create_connection((address, kernel.port), timeout=2).close()
+
+
+def test_send_message_acknowledges_then_streams_and_inserts(start, home):
+    kernel, emacs = start()
+    ack = plist(emacs.call("send-message", "main", "héllo 🌍 世界"))
+    assert ack["thread"] == "emacs:main" and ack["turn-id"]
+    inserted = emacs.wait_for("opencortex-insert")[0]
+    assert inserted == ("*opencortex-chat*", "* [Echo] héllo 🌍 世界")
+    streamed = [a for a in emacs.wait_for("opencortex-stream", 2)]
+    chunks = "".join(a[2] for a in streamed if a[1] == "chunk")
+    assert chunks == "* [Echo] héllo 🌍 世界"
+    assert streamed[-1][1] == "end" and all(a[0] == ack["turn-id"] for a in streamed)
+    status = plist(emacs.wait_for("opencortex-status-changed")[0][0])
+    assert status["turn"] == 1 and status["backend"] == "echo"
+    archive = (home / "memory" / "emacs" / "main.org").read_text()
+    assert "héllo 🌍 世界" in archive
+
+
+def test_calls_are_handled_in_arrival_order(start, home):
+    kernel, emacs = start()
+    for i in range(20):
+        emacs.client.call("send-message", ["main", f"message {i}"])
+    inserts = emacs.wait_for("opencortex-insert", 20, timeout=60)
+    assert [a[1] for a in inserts] == [f"* [Echo] message {i}" for i in range(20)]
+
+
+def test_an_invalid_message_gets_a_clear_error(start):
+    kernel, emacs = start()
+    with pytest.raises(Exception, match="text is blank"):
+        emacs.call("send-message", "main", "   ")
+    with pytest.raises(Exception, match="no such method"):
+        emacs.call("eval", "(delete-file \"x\")")
+    with pytest.raises(Exception, match="wrong number of arguments"):
+        emacs.call("status")
+
+
+def test_oversized_messages_are_refused_not_corrupted(start):
+    kernel, emacs = start()
+    big = "x" * (5 << 20)
+    with pytest.raises(Exception, match="refused"):
+        emacs.call("send-message", "main", big, timeout=30)
+    assert plist(emacs.call("status", "main"))["turn"] == 0
+
+
+def test_a_large_reply_is_split_under_the_cap(start, home):
+    (home / "config.toml").write_text("max_reply_bytes = 2097152\n"
+                                      "[emacs]\nmax_payload_bytes = 1100000\n")
+    size = 1_000_000
+    kernel, emacs = start()
+    emacs.call("send-message", "main", "y" * size, timeout=30)
+    pieces = emacs.wait_for("opencortex-insert", timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pieces = [a for m, a in list(emacs.calls) if m == "opencortex-insert"]
+        if sum(len(p[1]) for p in pieces) >= size + len("* [Echo] "):
+            break
+        time.sleep(0.05)
+    text = "".join(p[1] for p in pieces)
+    assert text == "* [Echo] " + "y" * size
+    assert len(pieces) >= 2
+
+
+def write_script(path: Path, *replies: str) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
+    return path
+
+
+def test_approvals_approved_denied_and_timed_out(start, home, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (home / "config.toml").write_text(
+        f'[shell]\ncwd = "{work}"\n[emacs]\napproval_timeout = 1.5\n')
+    replies = [f'(:type :REQUEST :target :shell :cmd ("touch" "{name}") :reason "demo")'
+               for name in ("approved", "denied", "timedout")]
+    script = write_script(tmp_path / "r.jsonl", *replies)
+    kernel, emacs = start("--script", str(script), ANTHROPIC_API_KEY="sk-test-never-shown")
+    emacs.call("send-message", "main", "one")
+    approval_id, shown = emacs.wait_for("opencortex-ask-approval")[0]
+    shown = plist(shown)
+    assert shown["argv"] == ["touch", "approved"] and shown["cwd"] == str(work)
+    assert shown["reason"] == "demo"
+    assert emacs.call("answer-approval", approval_id, "yes") is True
+    output = emacs.wait_for("opencortex-insert")[0][1]
+    assert "#+begin_example" in output and "exit 0" in output
+    emacs.call("send-message", "main", "two")
+    approval_id = emacs.wait_for("opencortex-ask-approval", 2)[1][0]
+    assert emacs.call("answer-approval", approval_id, "no") is True
+    emacs.wait_for("opencortex-insert", 2)
+    emacs.call("send-message", "main", "three")
+    emacs.wait_for("opencortex-ask-approval", 3)
+    emacs.wait_for("opencortex-insert", 3, timeout=20)
+    assert sorted(p.name for p in work.iterdir()) == ["approved"]
+    assert emacs.call("answer-approval", approval_id, "yes") in (False, [])
+    archive = (home / "memory" / "emacs" / "main.org").read_text()
+    assert "approved: touch approved" in archive
+    assert "denied: touch denied" in archive
+    assert "timed-out: touch timedout" in archive
+
+
+def test_approved_command_runs_without_secrets_in_its_environment(start, home, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (home / "config.toml").write_text(f'[shell]\ncwd = "{work}"\n')
+    script = write_script(tmp_path / "r.jsonl", '(:type :REQUEST :target :shell :cmd "env")')
+    kernel, emacs = start("--script", str(script), ANTHROPIC_API_KEY="sk-test-never-shown",
+                          MY_SECRET_TOKEN="hidden")
+    emacs.call("send-message", "main", "show env")
+    approval_id = emacs.wait_for("opencortex-ask-approval")[0][0]
+    emacs.call("answer-approval", approval_id, "yes")
+    output = emacs.wait_for("opencortex-insert")[0][1]
+    assert "PATH=" in output
+    assert "sk-test-never-shown" not in output and "hidden" not in output
+    assert "OPENCORTEX_SECRET" not in output
+
+
+def test_abort_turn_stops_a_slow_turn_and_archives_nothing(start, home, tmp_path):
+    script = tmp_path / "slow.jsonl"
+    script.write_text(json.dumps({"delay": 0.02, "chunks": ['(:type :REQUEST :target :emacs ',
+                                             ':action :insert-at-end :buffer "*opencortex-chat*" ',
+                                             ':text "* slow'] + [" word"] * 400 + ['")']}) + "\n")
+    (home / "config.toml").write_text("")
+    kernel, emacs = start("--script", str(script))
+    emacs.call("send-message", "main", "go slowly")
+    emacs.wait_for("opencortex-stream")
+    assert emacs.call("abort-turn", "main") is True
+    aborted = [a for a in emacs.wait_for("opencortex-stream", 2, timeout=20) if a[1] == "abort"]
+    deadline = time.monotonic() + 10
+    while not aborted and time.monotonic() < deadline:
+        time.sleep(0.05)
+        aborted = [a for m, a in list(emacs.calls) if m == "opencortex-stream" and a[1] == "abort"]
+    assert aborted and "aborted" in aborted[0][2]
+    assert not (home / "memory" / "emacs" / "main.org").exists()
+    assert emacs.call("abort-turn", "main") in (False, [])
