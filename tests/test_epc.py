@@ -159,18 +159,35 @@ def test_the_port_listens_on_loopback_only(start):
             socket.create_connection((address, kernel.port), timeout=2).close()
 
 
-def test_send_message_acknowledges_then_streams_and_inserts(start, home):
+def finals(emacs: FakeEmacs) -> list[str]:
+    """Verified replies: an "end" carrying text, or a plain insert."""
+    with emacs.lock:
+        return [args[2] if method == "opencortex-stream" else args[1]
+                for method, args in emacs.calls
+                if (method == "opencortex-stream" and args[1] == "end" and args[2])
+                or method == "opencortex-insert"]
+
+
+def wait_finals(emacs: FakeEmacs, count: int, timeout: float = 30) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while len(finals(emacs)) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return finals(emacs)
+
+
+def test_send_message_acknowledges_then_streams_and_ends_with_the_verified_reply(start, home):
     kernel, emacs = start()
     ack = plist(emacs.call("send-message", "main", "héllo 🌍 世界"))
     assert ack["thread"] == "emacs:main" and ack["turn-id"]
-    inserted = emacs.wait_for("opencortex-insert")[0]
-    assert inserted == ("*opencortex-chat*", "* [Echo] héllo 🌍 世界")
-    streamed = [a for a in emacs.wait_for("opencortex-stream", 2)]
-    chunks = "".join(a[2] for a in streamed if a[1] == "chunk")
-    assert chunks == "* [Echo] héllo 🌍 世界"
-    assert streamed[-1][1] == "end" and all(a[0] == ack["turn-id"] for a in streamed)
     status = plist(emacs.wait_for("opencortex-status-changed")[0][0])
     assert status["turn"] == 1 and status["backend"] == "echo"
+    assert status["turn-id"] == ack["turn-id"]
+    streamed = emacs.wait_for("opencortex-stream", 2)
+    chunks = "".join(a[2] for a in streamed if a[1] == "chunk")
+    assert chunks == "* [Echo] héllo 🌍 世界"
+    assert streamed[-1] == (ack["turn-id"], "end", "* [Echo] héllo 🌍 世界")
+    assert all(a[0] == ack["turn-id"] for a in streamed)
+    assert finals(emacs) == ["* [Echo] héllo 🌍 世界"]
     archive = (home / "memory" / "emacs" / "main.org").read_text()
     assert "héllo 🌍 世界" in archive
 
@@ -179,8 +196,7 @@ def test_calls_are_handled_in_arrival_order(start, home):
     kernel, emacs = start()
     for i in range(20):
         emacs.client.call("send-message", ["main", f"message {i}"])
-    inserts = emacs.wait_for("opencortex-insert", 20, timeout=60)
-    assert [a[1] for a in inserts] == [f"* [Echo] message {i}" for i in range(20)]
+    assert wait_finals(emacs, 20, timeout=60) == [f"* [Echo] message {i}" for i in range(20)]
 
 
 def test_an_invalid_message_gets_a_clear_error(start):
@@ -207,15 +223,13 @@ def test_a_large_reply_is_split_under_the_cap(start, home):
     size = 1_000_000
     kernel, emacs = start()
     emacs.call("send-message", "main", "y" * size, timeout=30)
-    pieces = emacs.wait_for("opencortex-insert", timeout=60)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        pieces = [a for m, a in list(emacs.calls) if m == "opencortex-insert"]
-        if sum(len(p[1]) for p in pieces) >= size + len("* [Echo] "):
+        pieces = finals(emacs)
+        if sum(len(p) for p in pieces) >= size + len("* [Echo] "):
             break
         time.sleep(0.05)
-    text = "".join(p[1] for p in pieces)
-    assert text == "* [Echo] " + "y" * size
+    assert "".join(pieces) == "* [Echo] " + "y" * size
     assert len(pieces) >= 2
 
 
@@ -239,15 +253,15 @@ def test_approvals_approved_denied_and_timed_out(start, home, tmp_path):
     assert shown["argv"] == ["touch", "approved"] and shown["cwd"] == str(work)
     assert shown["reason"] == "demo"
     assert emacs.call("answer-approval", approval_id, "yes") is True
-    output = emacs.wait_for("opencortex-insert")[0][1]
+    output = wait_finals(emacs, 1)[0]
     assert "#+begin_example" in output and "exit 0" in output
     emacs.call("send-message", "main", "two")
     approval_id = emacs.wait_for("opencortex-ask-approval", 2)[1][0]
     assert emacs.call("answer-approval", approval_id, "no") is True
-    emacs.wait_for("opencortex-insert", 2)
+    wait_finals(emacs, 2)
     emacs.call("send-message", "main", "three")
     emacs.wait_for("opencortex-ask-approval", 3)
-    emacs.wait_for("opencortex-insert", 3, timeout=20)
+    assert len(wait_finals(emacs, 3)) == 3
     assert sorted(p.name for p in work.iterdir()) == ["approved"]
     assert emacs.call("answer-approval", approval_id, "yes") in (False, [])
     archive = (home / "memory" / "emacs" / "main.org").read_text()
@@ -266,7 +280,7 @@ def test_approved_command_runs_without_secrets_in_its_environment(start, home, t
     emacs.call("send-message", "main", "show env")
     approval_id = emacs.wait_for("opencortex-ask-approval")[0][0]
     emacs.call("answer-approval", approval_id, "yes")
-    output = emacs.wait_for("opencortex-insert")[0][1]
+    output = wait_finals(emacs, 1)[0]
     assert "PATH=" in output
     assert "sk-test-never-shown" not in output and "hidden" not in output
     assert "OPENCORTEX_SECRET" not in output

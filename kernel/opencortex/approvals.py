@@ -70,10 +70,17 @@ class ApprovalBook:
         future.set_result(bool(approved))
         return True
 
+    def open(self, request: ApprovalRequest) -> None:
+        """Expect an answer to REQUEST (before showing it, so no answer can come too early)."""
+        self._pending.setdefault(request.id, asyncio.get_running_loop().create_future())
+
+    def close(self, approval_id: str) -> None:
+        self._pending.pop(approval_id, None)
+
     async def wait(self, request: ApprovalRequest) -> ApprovalDecision:
         """Wait for the answer to REQUEST; silence until its timeout is a denial."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending[request.id] = future
+        self.open(request)
+        future = self._pending[request.id]
         try:
             approved = await asyncio.wait_for(future, request.timeout)
         except asyncio.TimeoutError:

@@ -17,10 +17,11 @@ import asyncio
 import logging
 from typing import Any
 
-from opencortex.actuators import ActuatorError, MessageActuator
+from opencortex.actions import Action, EmacsInsert
+from opencortex.actuators import ActuatorError, MessageActuator, Outcome
 from opencortex.approvals import ApprovalBook, ApprovalDecision, ApprovalRequest, Approver
 from opencortex.epc import KernelConnection
-from opencortex.events import EventError, Thread, chat_message
+from opencortex.events import Event, EventError, Thread, chat_message
 from opencortex.kernel import Kernel, TurnObserver, TurnResult
 from opencortex.streaming import TextExtractor
 
@@ -33,6 +34,7 @@ class EmacsLink:
     def __init__(self, call_timeout: float = 10.0):
         self.connection: KernelConnection | None = None
         self.call_timeout = call_timeout
+        self.relays: dict[Thread, "StreamRelay"] = {}
 
     def connected(self, connection: KernelConnection) -> None:
         self.connection = connection
@@ -80,13 +82,31 @@ class EmacsActuator(MessageActuator):
         for piece in split_utf8(text, self.piece_bytes):
             await self.link.call("opencortex-insert", address, piece)
 
+    async def carry_out(self, action: Action, event: Event) -> Outcome:
+        """A reply into the chat buffer takes the place of its streamed preview."""
+        relay = self.link.relays.get(event.thread)
+        if (relay is None or not relay.streamed or not isinstance(action, EmacsInsert)
+                or event.channel != "emacs"):
+            return await super().carry_out(action, event)
+        first, *rest = split_utf8(action.text, self.piece_bytes)
+        await self.link.call("opencortex-stream", relay.turn_id, "end", first)
+        relay.ended = True
+        for piece in rest:
+            await self.link.call("opencortex-insert", action.buffer, piece)
+        return Outcome(shown=action.text)
+
     async def show_error(self, address: str, text: str) -> None:
         for piece in split_utf8(text, self.piece_bytes):
             await self.link.call("opencortex-show-error", piece)
 
 
 class StreamRelay(TurnObserver):
-    """Streams one turn's reply text into the chat buffer as it arrives."""
+    """Streams one turn's reply text into the chat buffer as it arrives.
+
+    Kinds sent to Emacs: "chunk" (more text), "reset" (a rejected reply's preview
+    goes; the retry streams anew), "end" (the verified reply, or "" to drop the
+    preview) and "abort" (the turn stopped; the text says why).  "end" or
+    "abort" is always the last event of a turn."""
 
     def __init__(self, link: EmacsLink, turn_id: str, piece_bytes: int):
         self.link = link
@@ -94,8 +114,16 @@ class StreamRelay(TurnObserver):
         self.piece_bytes = piece_bytes
         self.extractor = TextExtractor()
         self.streamed = False
+        self.reply_done = False
+        self.ended = False
 
     def on_chunk(self, text: str) -> None:
+        if self.reply_done:
+            self.reply_done = False
+            self.extractor = TextExtractor()
+            if self.streamed:
+                self.streamed = False
+                self.link.notify("opencortex-stream", self.turn_id, "reset", "")
         delta = self.extractor.feed(text)
         if delta:
             self.streamed = True
@@ -103,12 +131,15 @@ class StreamRelay(TurnObserver):
                 self.link.notify("opencortex-stream", self.turn_id, "chunk", piece)
 
     def on_reply_done(self) -> None:
-        if self.streamed:
+        self.reply_done = True
+
+    def finish(self) -> None:
+        if not self.ended:
+            self.ended = True
             self.link.notify("opencortex-stream", self.turn_id, "end", "")
-        self.extractor = TextExtractor()
-        self.streamed = False
 
     def abort(self, message: str) -> None:
+        self.ended = True
         self.link.notify("opencortex-stream", self.turn_id, "abort", message)
 
 
@@ -120,9 +151,11 @@ class EmacsApprover(Approver):
     async def ask(self, request: ApprovalRequest) -> ApprovalDecision:
         shown = {"command": request.command, "argv": list(request.argv), "cwd": request.cwd,
                  "reason": request.reason, "timeout": request.timeout}
+        self.book.open(request)
         try:
             await self.link.call("opencortex-ask-approval", request.id, shown)
         except ActuatorError:
+            self.book.close(request.id)
             return ApprovalDecision("unavailable")
         return await self.book.wait(request)
 
@@ -153,6 +186,7 @@ class EmacsService:
         relay = StreamRelay(self.link, result.turn_id, self.piece_bytes)
         task = asyncio.create_task(self.kernel.handle(event, relay, result.turn_id))
         self.running[event.thread] = task
+        self.link.relays[event.thread] = relay
         task.add_done_callback(lambda done: self._turn_finished(event.thread, relay, done))
         return {"turn-id": result.turn_id, "thread": str(event.thread)}
 
@@ -160,6 +194,8 @@ class EmacsService:
                        task: asyncio.Task[TurnResult]) -> None:
         if self.running.get(thread) is task:
             del self.running[thread]
+        if self.link.relays.get(thread) is relay:
+            del self.link.relays[thread]
         if task.cancelled():
             relay.abort("Turn aborted: nothing of it was archived. Send the message again "
                         "when you are ready.")
@@ -167,7 +203,10 @@ class EmacsService:
             log.error("turn failed unexpectedly: %s", type(task.exception()).__name__)
             relay.abort(f"Kernel error ({type(task.exception()).__name__}); the message "
                         "was not archived. See the kernel's stderr.")
-        self.link.notify("opencortex-status-changed", self.status_of(thread))
+        else:
+            relay.finish()
+        self.link.notify("opencortex-status-changed",
+                         {**self.status_of(thread), "turn-id": relay.turn_id})
 
     async def abort_turn(self, chat_id: str) -> bool:
         task = self.running.get(Thread("emacs", chat_id))

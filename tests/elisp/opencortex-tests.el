@@ -1,0 +1,608 @@
+;;; opencortex-tests.el --- ERT tests of the opencortex Emacs client  -*- lexical-binding: t; coding: utf-8 -*-
+
+;;; Commentary:
+
+;; Run by tests/test_elisp.py:
+;;   emacs --batch -L elisp -l tests/elisp/opencortex-tests.el -f ert-run-tests-batch-and-exit
+;;
+;; Most tests drive the buffer logic without a kernel: the outgoing calls go
+;; to a recorder (`opencortex--call-function'), and the tests play the
+;; kernel by calling the method handlers and the recorded callbacks.  The
+;; tests tagged `kernel' start a small python-epc kernel stand-in, named by
+;; $OPENCORTEX_TEST_FAKE_KERNEL, through the real connection code; they are
+;; skipped without it.  Every wait is bounded.
+
+;;; Code:
+
+(require 'ert)
+(require 'cl-lib)
+(require 'subr-x)
+(require 'opencortex)
+
+;;;; Fixtures
+
+(defvar opencortex-test--calls nil
+  "Calls the client made, newest first: (METHOD ARGS ON-SUCCESS ON-ERROR).")
+
+(defun opencortex-test--record (method args on-success on-error)
+  "Record a call of METHOD with ARGS, ON-SUCCESS and ON-ERROR."
+  (push (list method args on-success on-error) opencortex-test--calls))
+
+(defun opencortex-test--calls-to (method)
+  "The recorded calls to METHOD, oldest first."
+  (reverse (cl-remove-if-not (lambda (call) (eq (car call) method)) opencortex-test--calls)))
+
+(defun opencortex-test--answer (method value)
+  "Answer the latest recorded call to METHOD with VALUE."
+  (funcall (nth 2 (car (last (opencortex-test--calls-to method)))) value))
+
+(defun opencortex-test--fail (method message)
+  "Make the latest recorded call to METHOD fail with MESSAGE."
+  (funcall (nth 3 (car (last (opencortex-test--calls-to method)))) message))
+
+(defun opencortex-test--cleanup ()
+  "Cancel the timers a test left and kill the chat buffer."
+  (when (timerp opencortex--flush-timer) (cancel-timer opencortex--flush-timer))
+  (when (timerp opencortex--restart-timer) (cancel-timer opencortex--restart-timer))
+  (dolist (approval opencortex--approvals)
+    (when (timerp (opencortex--approval-timer approval))
+      (cancel-timer (opencortex--approval-timer approval))))
+  (when (get-buffer opencortex-chat-buffer-name)
+    (kill-buffer opencortex-chat-buffer-name)))
+
+(defmacro opencortex-test--with-state (call-function &rest body)
+  "Run BODY with fresh client state, kernel calls going to CALL-FUNCTION.
+BODY runs in a new chat buffer shown in the selected window."
+  (declare (indent 1) (debug t))
+  `(let ((opencortex--call-function ,call-function)
+         (opencortex-test--calls nil)
+         (opencortex-after-insert-hook nil)
+         (opencortex--status nil)
+         (opencortex--kernel-state nil)
+         (opencortex--thread nil)
+         (opencortex--turns-in-flight (make-hash-table :test #'equal))
+         (opencortex--finished-turns (make-hash-table :test #'equal))
+         (opencortex--streams (make-hash-table :test #'equal))
+         (opencortex--flush-timer nil)
+         (opencortex--last-flush 0.0)
+         (opencortex--stream-updates 0)
+         (opencortex--approvals nil)
+         (opencortex--connection nil)
+         (opencortex--restart-timer nil)
+         (opencortex--auto-restarts 0))
+     (when (get-buffer opencortex-chat-buffer-name)
+       (kill-buffer opencortex-chat-buffer-name))
+     (unwind-protect
+         (progn
+           (switch-to-buffer (opencortex--chat-buffer))
+           ,@body)
+       (opencortex-test--cleanup))))
+
+(defmacro opencortex-test--with-chat (&rest body)
+  "Run BODY in a fresh chat buffer with kernel calls recorded, not sent."
+  (declare (indent 0) (debug t))
+  `(opencortex-test--with-state #'opencortex-test--record ,@body))
+
+(defun opencortex-test--type (text)
+  "Type TEXT at the end of the input area."
+  (goto-char (point-max))
+  (insert text))
+
+(defun opencortex-test--transcript ()
+  "The text before the prompt."
+  (with-current-buffer opencortex-chat-buffer-name
+    (buffer-substring-no-properties (point-min) opencortex--output-marker)))
+
+(defun opencortex-test--count (needle haystack)
+  "How often NEEDLE occurs in HAYSTACK."
+  (let ((count 0) (start 0))
+    (while (string-match (regexp-quote needle) haystack start)
+      (setq count (1+ count) start (match-end 0)))
+    count))
+
+(defmacro opencortex-test--keeps-input (&rest body)
+  "Run BODY while the person is typing; point and input must not move."
+  (declare (indent 0) (debug t))
+  `(progn
+     (opencortex-test--type "hello world")
+     (goto-char (- (point-max) 6))
+     ,@body
+     (should (eq (current-buffer) (get-buffer opencortex-chat-buffer-name)))
+     (should (equal (opencortex--input-text) "hello world"))
+     (should (looking-at-p " world\\'"))
+     (should (looking-back "hello" (- (point) 5)))
+     (should (= (point) (window-point)))))
+
+;;;; The buffer
+
+(ert-deftest opencortex-chat-buffer-layout ()
+  "The chat buffer is org, read-only before the prompt, editable after it."
+  (opencortex-test--with-chat
+    (should (derived-mode-p 'org-mode))
+    (should (eq major-mode 'opencortex-chat-mode))
+    (should (equal (buffer-substring-no-properties opencortex--output-marker
+                                                   opencortex--input-marker)
+                   opencortex-prompt))
+    (should (= (point) (point-max) opencortex--input-marker))
+    (should-error (progn (goto-char (point-min)) (insert "x")) :type 'text-read-only)
+    (should-error (progn (goto-char opencortex--input-marker) (delete-char -1))
+                  :type 'text-read-only)
+    (opencortex-test--type "typed")
+    (should (equal (opencortex--input-text) "typed"))
+    (should (null (get-text-property (1- (point-max)) 'read-only)))
+    (should (equal (key-binding (kbd "C-c RET")) 'opencortex-send))
+    (should (equal (key-binding (kbd "C-c C-k")) 'opencortex-abort))
+    (should (equal (key-binding (kbd "C-c C-a")) 'opencortex-approve))
+    (should (equal (key-binding (kbd "C-c C-d")) 'opencortex-deny))))
+
+(ert-deftest opencortex-insert-keeps-point-and-input ()
+  "`opencortex-insert' puts text before the input area and moves nothing."
+  (opencortex-test--with-chat
+    (opencortex-test--keeps-input
+      (should (eq t (opencortex--handle-insert opencortex-chat-buffer-name "* Reply\nhi\n")))
+      (should (eq t (opencortex--handle-insert opencortex-chat-buffer-name "* Big")))
+      (should (eq t (opencortex--handle-insert opencortex-chat-buffer-name " part two")))
+      (should (eq t (opencortex--handle-insert opencortex-chat-buffer-name "* Next"))))
+    (should (equal (opencortex-test--transcript) "* Reply\nhi\n* Big part two\n* Next"))
+    (should (get-text-property 1 'read-only))))
+
+(ert-deftest opencortex-insert-other-buffer ()
+  "`opencortex-insert' into another buffer appends and keeps its point."
+  (opencortex-test--with-chat
+    (let ((other (get-buffer-create " *opencortex-test-other*"))
+          (seen nil))
+      (unwind-protect
+          (progn
+            (with-current-buffer other (insert "first\n") (goto-char 1))
+            (add-hook 'opencortex-after-insert-hook (lambda (beg end) (push (cons beg end) seen)))
+            (opencortex--handle-insert " *opencortex-test-other*" "second\n")
+            (with-current-buffer other
+              (should (equal (buffer-string) "first\nsecond\n"))
+              (should (= (point) 1)))
+            (should (equal seen '((7 . 14)))))
+        (kill-buffer other)))))
+
+;;;; Streaming
+
+(ert-deftest opencortex-stream-coalesces-chunks ()
+  "A burst of chunks costs at most two buffer updates; the text arrives in order."
+  (opencortex-test--with-chat
+    (let ((updates 0)
+          (expected (mapconcat (lambda (i) (format "w%d " i)) (number-sequence 0 999) "")))
+      (add-hook 'opencortex-after-insert-hook (lambda (&rest _) (cl-incf updates)))
+      (opencortex-test--keeps-input
+        (dotimes (i 1000)
+          (opencortex--handle-stream "t1" "chunk" (format "w%d " i)))
+        (should (<= updates 1))
+        (should (opencortex-wait-for (lambda () (not (timerp opencortex--flush-timer))) 5)))
+      (should (<= updates 2))
+      (should (equal (opencortex-test--transcript) expected))
+      (should (gethash "t1" opencortex--turns-in-flight)))))
+
+(ert-deftest opencortex-stream-rate-is-bounded ()
+  "Chunks arriving every millisecond update the buffer at most once an interval."
+  (opencortex-test--with-chat
+    (let* ((updates 0) (sent 0) (total 300) (started (float-time))
+           (timer (run-at-time 0 0.001
+                               (lambda ()
+                                 (when (< sent total)
+                                   (opencortex--handle-stream "t2" "chunk" (format "%d," sent))
+                                   (cl-incf sent))))))
+      (add-hook 'opencortex-after-insert-hook (lambda (&rest _) (cl-incf updates)))
+      (unwind-protect
+          (should (opencortex-wait-for (lambda () (and (= sent total)
+                                                       (not (timerp opencortex--flush-timer))))
+                                       20))
+        (cancel-timer timer))
+      (let ((elapsed (- (float-time) started)))
+        (should (<= updates (+ 2 (/ elapsed opencortex-stream-interval))))
+        (should (= updates opencortex--stream-updates)))
+      (should (equal (opencortex-test--transcript)
+                     (mapconcat (lambda (i) (format "%d," i)) (number-sequence 0 (1- total)) ""))))))
+
+(ert-deftest opencortex-stream-end-replaces-region ()
+  "\"end\" replaces the streamed text with the final text and ends the turn."
+  (opencortex-test--with-chat
+    (opencortex--handle-insert opencortex-chat-buffer-name "* You\nquestion\n")
+    (opencortex-test--keeps-input
+      (opencortex--handle-stream "t3" "chunk" "draft one ")
+      (opencortex--handle-stream "t3" "chunk" "draft two")
+      (opencortex--flush-streams)
+      (should (string-match-p "draft one draft two" (opencortex-test--transcript)))
+      (opencortex--handle-stream "t3" "end" "* Answer\nfinal text\n"))
+    (should (equal (opencortex-test--transcript) "* You\nquestion\n* Answer\nfinal text\n"))
+    (should-not (gethash "t3" opencortex--turns-in-flight))
+    (should (opencortex--turn-finished-p "t3"))
+    (should (equal (nth 1 (car (last (opencortex-test--calls-to 'status)))) '("main")))
+    (should (= 0 (hash-table-count opencortex--streams)))))
+
+(ert-deftest opencortex-stream-end-without-chunks ()
+  "\"end\" of a turn that streamed nothing inserts the final text; \"\" inserts nothing."
+  (opencortex-test--with-chat
+    (opencortex--handle-stream "t4" "end" "* Only\nthe end\n")
+    (opencortex--handle-stream "t5" "chunk" "gone")
+    (opencortex--handle-stream "t5" "end" "")
+    (should (equal (opencortex-test--transcript) "* Only\nthe end\n"))))
+
+(ert-deftest opencortex-stream-abort-removes-region ()
+  "\"abort\" removes the streamed text and shows the reason as an error."
+  (opencortex-test--with-chat
+    (opencortex-test--keeps-input
+      (opencortex--handle-stream "t6" "chunk" "half an ans")
+      (opencortex--flush-streams)
+      (opencortex--handle-stream "t6" "abort" "Turn aborted: nothing was archived."))
+    (let ((text (opencortex-test--transcript)))
+      (should-not (string-match-p "half an ans" text))
+      (should (string-match-p "Turn aborted: nothing was archived." text)))
+    (goto-char (point-min))
+    (search-forward "Turn aborted")
+    (should (eq (get-text-property (point) 'face) 'opencortex-error-face))
+    (should (opencortex--turn-finished-p "t6"))))
+
+(ert-deftest opencortex-finished-turns-are-not-shown-twice ()
+  "Events for a finished turn are ignored; a late acknowledgement does not revive it."
+  (opencortex-test--with-chat
+    (opencortex-send "hi")
+    (should (equal (nth 1 (car (opencortex-test--calls-to 'send-message))) '("main" "hi")))
+    (opencortex-test--answer 'send-message '(:turn-id "t7" :thread "emacs:main"))
+    (should (equal opencortex--thread "emacs:main"))
+    (should (gethash "t7" opencortex--turns-in-flight))
+    (opencortex--handle-stream "t7" "chunk" "* Re")
+    (opencortex--handle-stream "t7" "end" "* Reply\nonce\n")
+    (opencortex--handle-stream "t7" "chunk" "* Reply\nonce\n")
+    (opencortex--handle-stream "t7" "end" "* Reply\nonce\n")
+    (opencortex--flush-streams)
+    (should (= 1 (opencortex-test--count "* Reply\nonce" (opencortex-test--transcript))))
+    ;; The end of a turn can come before the acknowledgement of its message.
+    (opencortex-send "again")
+    (opencortex--handle-stream "t8" "end" "* Second\n")
+    (opencortex-test--answer 'send-message '(:turn-id "t8" :thread "emacs:main"))
+    (should (= 0 (hash-table-count opencortex--turns-in-flight)))
+    (should (opencortex-wait-idle 1))))
+
+(ert-deftest opencortex-status-changed-ends-its-turn ()
+  "`opencortex-status-changed' with a :turn-id ends that turn and updates the header."
+  (opencortex-test--with-chat
+    (opencortex--turn-started "t9")
+    (should-not (opencortex-wait-idle 0.05))
+    (should (eq t (opencortex--handle-status-changed
+                   '(:turn 4 :context-percent 3 :cost-usd 0.5 :latency-ms 12
+                     :backend "echo" :warning nil :turn-id "t9"))))
+    (should (opencortex-wait-idle 1))
+    (should (string-match-p "turn 4" (opencortex--header-line)))))
+
+(ert-deftest opencortex-kernel-loss-removes-partial-text ()
+  "When the kernel dies mid-stream, its partial reply goes and the turn ends."
+  (opencortex-test--with-chat
+    (opencortex--handle-stream "t10" "chunk" "partial")
+    (opencortex--flush-streams)
+    (should (= 1 (opencortex--abandon-turns)))
+    (should-not (string-match-p "partial" (opencortex-test--transcript)))
+    (opencortex--handle-stream "t10" "chunk" "late")
+    (should (opencortex-wait-idle 1))
+    (should-not (string-match-p "late" (opencortex-test--transcript)))))
+
+;;;; Sending
+
+(ert-deftest opencortex-send-from-input-area ()
+  "C-c RET sends the input area as a message and shows it as an org subtree."
+  (opencortex-test--with-chat
+    (opencortex-test--type "What is 2+2?\n")
+    (call-interactively (key-binding (kbd "C-c RET")))
+    (should (equal (nth 1 (car (opencortex-test--calls-to 'send-message)))
+                   '("main" "What is 2+2?")))
+    (should (equal (opencortex--input-text) ""))
+    (should (equal (opencortex-test--transcript) "* You\nWhat is 2+2?\n"))
+    (should-error (opencortex-send) :type 'user-error)))
+
+(ert-deftest opencortex-send-failure-restores-input ()
+  "A message the kernel did not take comes back into the input area."
+  (opencortex-test--with-chat
+    (opencortex-test--type "keep me")
+    (opencortex-send)
+    (opencortex-test--fail 'send-message "the kernel is not running")
+    (should (equal (opencortex--input-text) "keep me"))
+    (should (string-match-p "Error: Your message was not sent: the kernel is not running"
+                            (opencortex-test--transcript)))))
+
+(ert-deftest opencortex-slash-command ()
+  "A line starting with / goes to `slash-command'; its text is shown."
+  (opencortex-test--with-chat
+    (opencortex-test--type "/help")
+    (opencortex-send)
+    (should (null (opencortex-test--calls-to 'send-message)))
+    (should (equal (nth 1 (car (opencortex-test--calls-to 'slash-command))) '("main" "/help")))
+    (opencortex-test--answer 'slash-command '(:text "/help — this list"))
+    (should (equal (opencortex-test--transcript) "* /help\n/help — this list\n"))))
+
+(ert-deftest opencortex-abort-calls-abort-turn ()
+  "C-c C-k asks the kernel to abort the turn of this chat."
+  (opencortex-test--with-chat
+    (call-interactively (key-binding (kbd "C-c C-k")))
+    (should (equal (nth 1 (car (opencortex-test--calls-to 'abort-turn))) '("main")))))
+
+;;;; Approvals
+
+(defconst opencortex-test--approval
+  '(:command "ls -l" :argv ("ls" "-l") :cwd "/tmp" :reason "to list the files" :timeout 120)
+  "An approval request as the kernel sends it.")
+
+(ert-deftest opencortex-approval-shows-what-would-run ()
+  "The request shows the command, its argument vector, directory, reason and buttons."
+  (opencortex-test--with-chat
+    (opencortex-test--keeps-input
+      (should (eq t (opencortex--handle-ask-approval "a1" opencortex-test--approval))))
+    (let ((text (opencortex-test--transcript)))
+      (should (string-match-p "^\\* Approval needed" text))
+      (should (string-match-p "^#\\+begin_example\nls -l\n#\\+end_example$" text))
+      (should (string-match-p "^- argv :: \"ls\" \"-l\"$" text))
+      (should (string-match-p "^- directory :: /tmp$" text))
+      (should (string-match-p "^- why :: to list the files$" text))
+      (should (string-match-p "\\[Approve\\] \\[Deny\\]" text)))
+    (should (equal (opencortex-pending-approvals) '("a1")))))
+
+(ert-deftest opencortex-approval-approve-by-key ()
+  "C-c C-a approves the latest request and shows the outcome."
+  (opencortex-test--with-chat
+    (opencortex--handle-ask-approval "a1" opencortex-test--approval)
+    (opencortex--handle-ask-approval "a2" opencortex-test--approval)
+    (call-interactively (key-binding (kbd "C-c C-a")))
+    (should (equal (nth 1 (car (opencortex-test--calls-to 'answer-approval))) '("a2" "yes")))
+    (should (equal (opencortex-pending-approvals) '("a1")))
+    (opencortex-test--answer 'answer-approval t)
+    (should (= 1 (opencortex-test--count "=> approved" (opencortex-test--transcript))))
+    (should (= 1 (opencortex-test--count "[Approve]" (opencortex-test--transcript))))
+    (opencortex-deny)
+    (should (equal (nth 1 (car (last (opencortex-test--calls-to 'answer-approval))))
+                   '("a1" "no")))
+    (opencortex-test--answer 'answer-approval nil)
+    (should (string-match-p "=> expired before the answer — denied" (opencortex-test--transcript)))
+    (should-error (opencortex-approve) :type 'user-error)))
+
+(ert-deftest opencortex-approval-deny-by-button ()
+  "Clicking [Deny] denies that request."
+  (opencortex-test--with-chat
+    (opencortex--handle-ask-approval "a3" opencortex-test--approval)
+    (goto-char (point-min))
+    (search-forward "[Deny]")
+    (push-button (1- (point)))
+    (should (equal (nth 1 (car (opencortex-test--calls-to 'answer-approval))) '("a3" "no")))
+    (opencortex-test--answer 'answer-approval t)
+    (should (string-match-p "=> denied" (opencortex-test--transcript)))
+    (should-not (string-match-p "\\[Deny\\]" (opencortex-test--transcript)))))
+
+(ert-deftest opencortex-approval-times-out ()
+  "No answer within :timeout is a denial, and nothing is sent."
+  (opencortex-test--with-chat
+    (opencortex--handle-ask-approval "a4" '(:command "rm x" :argv ("rm" "x") :cwd "/tmp"
+                                                 :reason "cleanup" :timeout 0.05))
+    (should (opencortex-wait-for (lambda () (null (opencortex-pending-approvals))) 5))
+    (should (string-match-p "=> timed out — denied" (opencortex-test--transcript)))
+    (should (null (opencortex-test--calls-to 'answer-approval)))))
+
+;;;; Errors, status, header line
+
+(ert-deftest opencortex-error-face ()
+  "`opencortex-show-error' shows the text in `opencortex-error-face'."
+  (opencortex-test--with-chat
+    (opencortex-test--keeps-input
+      (should (eq t (opencortex--handle-show-error
+                     "LLM unavailable: set ANTHROPIC_API_KEY, then /reload."))))
+    (goto-char (point-min))
+    (should (search-forward "LLM unavailable" nil t))
+    (should (eq (get-text-property (point) 'face) 'opencortex-error-face))
+    (should (eq (get-text-property (point) 'font-lock-face) 'opencortex-error-face))))
+
+(ert-deftest opencortex-header-line-format ()
+  "The header line shows turn, context use, cost, average latency and backend."
+  (should (equal (opencortex--format-header
+                  '(:turn 3 :context-percent 12.5 :cost-usd 0.0042 :latency-ms 230.4
+                    :backend "echo" :warning nil)
+                  'ready)
+                 "opencortex | turn 3 | context 12.5% | $0.0042 | avg 230 ms | echo"))
+  (should (equal (opencortex--format-header nil 'starting) "opencortex [starting]"))
+  (should (equal (opencortex--format-header '(:turn 0 :warning "echo mode") 'dead)
+                 "opencortex [dead] | turn 0 | context -% | $- | avg - ms | echo mode"))
+  (opencortex-test--with-chat
+    (opencortex--handle-status-changed '(:turn 2 :context-percent 40 :cost-usd 0
+                                         :latency-ms 5 :backend "echo" :warning nil))
+    ;; `format-mode-line' draws nothing in batch Emacs: check the form and its text
+    ;; (with % doubled for the mode line).
+    (should (equal header-line-format '(:eval (opencortex--header-line))))
+    (should (equal (opencortex--header-line)
+                   "opencortex | turn 2 | context 40.0%% | $0.0000 | avg 5 ms | echo"))))
+
+(ert-deftest opencortex-open-memory-asks-status ()
+  "`opencortex-open-memory' opens the file the status names."
+  (opencortex-test--with-chat
+    (let ((file (make-temp-file "opencortex-memory" nil ".org" "* archived\n")))
+      (unwind-protect
+          (progn
+            (opencortex-open-memory)
+            (opencortex-test--answer 'status (list :turn 1 :memory-file file))
+            (should (equal (buffer-file-name) file))
+            (kill-buffer))
+        (delete-file file)))))
+
+;;;; Connection pieces
+
+(ert-deftest opencortex-kernel-command-and-secret ()
+  "The kernel runs as <python-command> serve <args>; secrets are fresh 32-byte hex."
+  (let ((opencortex-python-command '("py" "-m" "opencortex"))
+        (opencortex-kernel-arguments '("--home" "/h")))
+    (should (equal (opencortex--kernel-command) '("py" "-m" "opencortex" "serve" "--home" "/h"))))
+  (let ((one (opencortex--fresh-secret)) (two (opencortex--fresh-secret)))
+    (should (string-match-p "\\`[0-9a-f]\\{64\\}\\'" one))
+    (should-not (equal one two))))
+
+(ert-deftest opencortex-connection-file ()
+  "The connection file gives port and secret; one others can read is refused."
+  (let ((file (make-temp-file "opencortex-kernel" nil ".json"
+                              "{\"port\": 4321, \"secret\": \"s3\", \"pid\": 1}")))
+    (unwind-protect
+        (progn
+          (set-file-modes file #o600)
+          (should (equal (opencortex--read-connection-file file) '(4321 . "s3")))
+          (set-file-modes file #o644)
+          (should-error (opencortex--read-connection-file file) :type 'user-error))
+      (delete-file file)))
+  (should-error (opencortex--read-connection-file "/nonexistent/kernel.json") :type 'user-error)
+  (let ((process-environment (cons "XDG_RUNTIME_DIR=/run/user/7" process-environment))
+        (opencortex-connection-file nil))
+    (should (equal (opencortex--default-connection-file) "/run/user/7/opencortex/kernel.json"))))
+
+(ert-deftest opencortex-error-text ()
+  "EPC errors become plain messages."
+  (should (equal (opencortex--error-text "\"authentication failed\"") "authentication failed"))
+  (should (equal (opencortex--error-text '(epc-error "No such method")) "No such method"))
+  (should (equal (opencortex--error-text '(error "boom")) "boom")))
+
+(ert-deftest opencortex-calls-without-kernel-fail-fast ()
+  "Answering an approval with no kernel fails at once instead of starting one."
+  (opencortex-test--with-state 'opencortex--call
+    (let (failed)
+      (opencortex--call 'answer-approval '("a" "yes") #'ignore (lambda (m) (setq failed m)))
+      (should (string-match-p "not running" failed))
+      (should (null opencortex--connection)))))
+
+;;;; With a kernel stand-in (python-epc), through the real connection code
+
+(defmacro opencortex-test--with-kernel (&rest body)
+  "Run BODY with the kernel stand-in as the kernel; stop it afterwards."
+  (declare (indent 0) (debug t))
+  `(let ((script (getenv "OPENCORTEX_TEST_FAKE_KERNEL")))
+     (skip-unless (and script (getenv "OPENCORTEX_TEST_PYTHON")))
+     (let* ((home (make-temp-file "opencortex-home" t))
+            (opencortex-python-command (list (getenv "OPENCORTEX_TEST_PYTHON") script))
+            (opencortex-kernel-arguments (list "--home" home))
+            (opencortex-stop-timeout 5))
+       (opencortex-test--with-state 'opencortex--call
+         (unwind-protect (progn ,@body)
+           (opencortex-stop)
+           (delete-directory home t))))))
+
+(defun opencortex-test--ready-p ()
+  "Whether the connection is authenticated."
+  (eq opencortex--kernel-state 'ready))
+
+(ert-deftest opencortex-kernel-roundtrip ()
+  "Emacs starts the kernel, authenticates, sends messages and shows the replies.
+The stand-in accepts only the secret from its environment, so a ready
+connection proves the secret went there (and the test checks it is not in argv)."
+  :tags '(kernel)
+  (opencortex-test--with-kernel
+    (opencortex-chat)
+    (should (opencortex-wait-idle 30))
+    (should (opencortex-test--ready-p))
+    (let ((process (opencortex-kernel-process))
+          (secret (opencortex--connection-secret opencortex--connection)))
+      (should (process-live-p process))
+      (should-not (member secret (process-command process)))
+      (should (cl-notany (lambda (arg) (string-match-p secret arg)) (process-command process)))
+      (opencortex-test--type "hello")
+      (opencortex-send)
+      (should (opencortex-wait-idle 30))
+      (should (= 1 (opencortex-test--count "* You\nhello\n* Echo\nhello\n"
+                                           (opencortex-test--transcript))))
+      (opencortex-send "stream 300")
+      (should (opencortex-wait-idle 30))
+      (should (= 1 (opencortex-test--count
+                    (concat "* Echo\n" (mapconcat (lambda (i) (format "w%d " i))
+                                                  (number-sequence 0 299) "")
+                            "\n")
+                    (opencortex-test--transcript))))
+      (opencortex-send "héllo 😀 漢字 \"quoted\" \\ tab\t")
+      (should (opencortex-wait-idle 30))
+      (should (string-match-p (regexp-quote "* Echo\nhéllo 😀 漢字 \"quoted\" \\ tab\n")
+                              (opencortex-test--transcript)))
+      (should (string-match-p "turn 3 | .* | fake" (opencortex--header-line)))
+      ;; Exiting Emacs stops the kernel.
+      (should (memq #'opencortex--stop-on-exit kill-emacs-hook))
+      (opencortex--stop-on-exit)
+      (should-not (process-live-p process))
+      (should (eq opencortex--kernel-state 'stopped)))))
+
+(ert-deftest opencortex-kernel-death-restarts-once ()
+  "A kernel that dies mid-stream is reported, restarted once, then not again."
+  :tags '(kernel)
+  (opencortex-test--with-kernel
+    (opencortex-chat)
+    (should (opencortex-wait-idle 30))
+    (let ((first (opencortex-kernel-process)))
+      (opencortex-send "die")
+      (should (opencortex-wait-for (lambda () (not (eq (opencortex-kernel-process) first))) 30))
+      (should (opencortex-wait-idle 30))
+      (should (opencortex-test--ready-p))
+      (should (string-match-p "The opencortex kernel stopped: \\(.\\|\n\\)*Restarting it now"
+                              (opencortex-test--transcript)))
+      (should-not (string-match-p "partial" (opencortex-test--transcript)))
+      (opencortex-send "after")
+      (should (opencortex-wait-idle 30))
+      (should (= 1 (opencortex-test--count "* Echo\nafter\n" (opencortex-test--transcript))))
+      (signal-process (opencortex-kernel-process) 'SIGKILL)
+      (should (opencortex-wait-for (lambda () (eq opencortex--kernel-state 'dead)) 30))
+      (should (opencortex-wait-idle 30))
+      (should (eq opencortex--kernel-state 'dead))
+      (should (string-match-p "M-x opencortex-restart" (opencortex-test--transcript)))
+      (opencortex-restart)
+      (should (opencortex-wait-idle 30))
+      (should (opencortex-test--ready-p)))))
+
+(ert-deftest opencortex-kernel-approval-roundtrip ()
+  "An approval asked by the kernel is answered from the buffer."
+  :tags '(kernel)
+  (opencortex-test--with-kernel
+    (opencortex-chat)
+    (opencortex-send "approve")
+    (should (opencortex-wait-for #'opencortex-pending-approvals 30))
+    (should (string-match-p "- argv :: \"echo\" \"hi\"" (opencortex-test--transcript)))
+    (opencortex-approve)
+    (should (opencortex-wait-idle 30))
+    (should (string-match-p "=> approved" (opencortex-test--transcript)))
+    (should (string-match-p "\\* Echo\nran\n" (opencortex-test--transcript)))
+    (opencortex-send "approve")
+    (should (opencortex-wait-for #'opencortex-pending-approvals 30))
+    (opencortex-deny)
+    (should (opencortex-wait-idle 30))
+    (should (string-match-p "\\* Echo\ndenied\n" (opencortex-test--transcript)))))
+
+(ert-deftest opencortex-kernel-wrong-secret-is-reported ()
+  "A kernel that refuses the secret leaves the connection failed, with the reason."
+  :tags '(kernel)
+  (opencortex-test--with-kernel
+    (let ((opencortex-kernel-arguments (append opencortex-kernel-arguments '("--refuse"))))
+      (opencortex-chat)
+      (should (opencortex-wait-idle 30))
+      (should (eq opencortex--kernel-state 'failed))
+      (should (string-match-p "could not start: authentication failed"
+                              (opencortex-test--transcript)))
+      (should (null (process-live-p (opencortex-kernel-process)))))))
+
+(ert-deftest opencortex-kernel-connect-through-file ()
+  "`opencortex-connect' reaches a kernel started on its own; stop only disconnects."
+  :tags '(kernel)
+  (opencortex-test--with-kernel
+    (let* ((file (expand-file-name "kernel.json" (car (last opencortex-kernel-arguments))))
+           (process-environment (cl-remove-if (lambda (v) (string-prefix-p "OPENCORTEX_SECRET=" v))
+                                              process-environment))
+           (kernel (make-process :name "opencortex-test-kernel" :buffer nil :noquery t
+                                 :connection-type 'pipe
+                                 :command (append opencortex-python-command
+                                                  (list "serve" "--connection-file" file)
+                                                  opencortex-kernel-arguments))))
+      (unwind-protect
+          (progn
+            (should (opencortex-wait-for (lambda () (file-exists-p file)) 30))
+            (opencortex-connect file)
+            (should (opencortex-wait-idle 30))
+            (should (opencortex-test--ready-p))
+            (should (null (opencortex-kernel-process)))
+            (opencortex-send "over the file")
+            (should (opencortex-wait-idle 30))
+            (should (string-match-p "\\* Echo\nover the file\n" (opencortex-test--transcript)))
+            (opencortex-stop)
+            (should (process-live-p kernel)))
+        (delete-process kernel)))))
+
+(provide 'opencortex-tests)
+;;; opencortex-tests.el ends here

@@ -1,0 +1,218 @@
+"""End to end: a real `emacs --batch` starts the real kernel itself and chats over EPC.
+
+Each test writes a small elisp driver, runs it in a fresh Emacs (bounded), and
+checks what the chat buffer showed and what the org archive kept.  The driver
+stops the kernel before Emacs exits; the test checks the process is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env
+
+REPO = Path(__file__).resolve().parents[1]
+ELISP = REPO / "elisp"
+
+pytestmark = pytest.mark.skipif(shutil.which("emacs") is None,
+                                reason="emacs is not installed (tests/run.sh installs it)")
+
+
+def lisp(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+PRELUDE = """
+(require 'opencortex)
+(setq opencortex-python-command (list {python} "-m" "opencortex")
+      opencortex-kernel-arguments (list "--home" {home} {extra})
+      opencortex-wait-timeout 60)
+(defun e2e-fail (message)
+  (message "E2E-FAIL %s" message)
+  (e2e-dump)
+  (ignore-errors (opencortex-stop))
+  (kill-emacs 2))
+(defun e2e-dump ()
+  (with-current-buffer "*opencortex-chat*"
+    (let ((coding-system-for-write 'utf-8))
+      (write-region (point-min) (point-max) {out} nil 'silent))))
+(defun e2e-buffer-text ()
+  (with-current-buffer "*opencortex-chat*"
+    (buffer-substring-no-properties (point-min) (point-max))))
+(defun e2e-contains (text)
+  (string-search text (e2e-buffer-text)))
+(defun e2e-send (text)
+  (opencortex-send text)
+  (unless (opencortex-wait-idle 60) (e2e-fail (format "no answer to %S" text))))
+(defun e2e-finish ()
+  (e2e-dump)
+  (let ((process (opencortex-kernel-process)))
+    (with-temp-file {pidfile} (insert (format "%s" (and process (process-id process)))))
+    (opencortex-stop)
+    (when (and process (process-live-p process)) (e2e-fail "kernel still running")))
+  (kill-emacs 0))
+(opencortex-chat)
+(unless (opencortex-wait-idle 60) (e2e-fail "the kernel did not start"))
+"""
+
+
+class Driver:
+    def __init__(self, tmp_path: Path, home: Path, extra_args: tuple[str, ...] = ()):
+        self.tmp = tmp_path
+        self.home = home
+        self.out = tmp_path / "buffer.org"
+        self.pidfile = tmp_path / "kernel.pid"
+        self.extra = " ".join(lisp(a) for a in extra_args)
+
+    def run(self, body: str, timeout: float = 240) -> str:
+        driver = self.tmp / "driver.el"
+        driver.write_text(PRELUDE.format(
+            python=lisp(sys.executable), home=lisp(str(self.home)), extra=self.extra,
+            out=lisp(str(self.out)), pidfile=lisp(str(self.pidfile))) + body + "\n(e2e-finish)\n",
+            encoding="utf-8")
+        env = cli_env(self.home, XDG_RUNTIME_DIR=str(self.tmp / "run"))
+        result = subprocess.run(["emacs", "--batch", "-L", str(ELISP), "-l", str(driver)],
+                                capture_output=True, text=True, timeout=timeout, env=env)
+        self.check_kernel_stopped()
+        buffer = self.out.read_text(encoding="utf-8") if self.out.exists() else ""
+        assert result.returncode == 0, (result.stderr[-6000:], buffer[-3000:])
+        return buffer
+
+    def check_kernel_stopped(self) -> None:
+        if not self.pidfile.exists() or not self.pidfile.read_text().strip().isdigit():
+            return
+        pid = int(self.pidfile.read_text())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+        os.kill(pid, 9)
+        raise AssertionError(f"kernel {pid} outlived the test")
+
+    def archive(self) -> str:
+        path = self.home / "memory" / "emacs" / "main.org"
+        return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def script(path: Path, *entries) -> Path:
+    path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries),
+                    encoding="utf-8")
+    return path
+
+
+def emacs_reply(text: str, chunk: int = 0) -> dict:
+    form = ('(:type :REQUEST :target :emacs :action :insert-at-end :buffer "*opencortex-chat*" '
+            f':text {lisp(text)})')
+    if not chunk:
+        return {"text": form}
+    return {"chunks": [form[i:i + chunk] for i in range(0, len(form), chunk)]}
+
+
+def test_a_message_from_the_buffer_gets_the_echo_reply_and_is_archived(tmp_path, home):
+    driver = Driver(tmp_path, home)
+    buffer = driver.run("""
+(e2e-send "hello from emacs")
+(unless (e2e-contains "* [Echo] hello from emacs") (e2e-fail "no echo reply"))
+""")
+    assert buffer.count("* [Echo] hello from emacs") == 1
+    assert "hello from emacs" in buffer.split("* [Echo]")[0]
+    archive = driver.archive()
+    assert "\nhello from emacs\n" in archive
+    assert "[Echo] hello from emacs" in archive
+
+
+def test_many_chunks_unicode_and_a_megabyte_arrive_whole_and_in_order(tmp_path, home):
+    words = " ".join(f"w{i}" for i in range(600))
+    unicode = "Emoji 🌍👩‍💻 and CJK 世界你好 and quotes \" \\ done"
+    big = "* Big\n" + ("0123456789abcdef" * 64 + "\n") * 1000
+    replies = script(tmp_path / "replies.jsonl", emacs_reply(f"* Words\n{words}", chunk=3),
+                     emacs_reply(f"* Unicode\n{unicode}", chunk=2), emacs_reply(big, chunk=4096))
+    (home / "config.toml").write_text("max_reply_bytes = 4194304\n")
+    driver = Driver(tmp_path, home, ("--script", str(replies)))
+    buffer = driver.run("""
+(e2e-send "words please")
+(e2e-send "unicode please")
+(e2e-send "a megabyte please")
+""")
+    assert buffer.count(f"* Words\n{words}") == 1
+    assert buffer.count(f"* Unicode\n{unicode}") == 1
+    assert buffer.count(big.rstrip("\n")) == 1
+    assert buffer.index("* Words") < buffer.index("* Unicode") < buffer.index("* Big")
+    archive = driver.archive()
+    assert unicode in archive and words in archive
+
+
+def test_kernel_killed_mid_stream_shows_the_error_then_restarts_without_duplicates(
+        tmp_path, home):
+    slow = emacs_reply("* Slow\n" + " ".join(f"s{i}" for i in range(300)), chunk=4)
+    slow["delay"] = 0.02
+    replies = script(tmp_path / "replies.jsonl", slow)
+    driver = Driver(tmp_path, home, ("--script", str(replies)))
+    fast = json.dumps(emacs_reply("* After restart\nfine"))
+    buffer = driver.run(f"""
+(opencortex-send "first")
+(unless (opencortex-wait-for (lambda () (e2e-contains "s1 ")) 30) (e2e-fail "no streaming"))
+(with-temp-file {lisp(str(replies))} (insert {lisp(fast)} "\\n"))
+(signal-process (process-id (opencortex-kernel-process)) 'KILL)
+(unless (opencortex-wait-for (lambda () (e2e-contains "Error")) 30) (e2e-fail "no error shown"))
+(unless (opencortex-wait-idle 60) (e2e-fail "no restart"))
+(e2e-send "second")
+(unless (e2e-contains "* After restart") (e2e-fail "no reply after restart"))
+""")
+    assert "Error" in buffer
+    assert "s1 " not in buffer, "the partial stream of the dead kernel must be gone"
+    assert buffer.count("* After restart\nfine") == 1
+    archive = driver.archive()
+    assert "\nsecond\n" in archive and "\nfirst\n" not in archive
+    assert "s1 s2" not in archive
+
+
+def test_approvals_only_the_approved_command_runs(tmp_path, home):
+    work = tmp_path / "work"
+    work.mkdir()
+    (home / "config.toml").write_text(
+        f'[shell]\ncwd = "{work}"\n[emacs]\napproval_timeout = 2\n')
+    replies = script(tmp_path / "replies.jsonl", *[
+        {"text": f'(:type :REQUEST :target :shell :cmd ("touch" "{name}") :reason "test {name}")'}
+        for name in ("yes-file", "no-file", "late-file")])
+    driver = Driver(tmp_path, home, ("--script", str(replies)))
+    buffer = driver.run("""
+(defun e2e-approval ()
+  (unless (opencortex-wait-for #'opencortex-pending-approvals 30) (e2e-fail "no approval")))
+(opencortex-send "one") (e2e-approval) (opencortex-approve)
+(unless (opencortex-wait-idle 60) (e2e-fail "approved turn did not end"))
+(opencortex-send "two") (e2e-approval) (opencortex-deny)
+(unless (opencortex-wait-idle 60) (e2e-fail "denied turn did not end"))
+(opencortex-send "three") (e2e-approval)
+(unless (opencortex-wait-idle 60) (e2e-fail "timed-out turn did not end"))
+""")
+    assert sorted(p.name for p in work.iterdir()) == ["yes-file"]
+    assert "touch yes-file" in buffer and "#+begin_example" in buffer
+    assert "Not run (denied): touch no-file" in buffer
+    assert "Not run (timed-out): touch late-file" in buffer
+    archive = driver.archive()
+    assert "approved: touch yes-file" in archive and "denied: touch no-file" in archive
+    assert "timed-out: touch late-file" in archive
+
+
+def test_a_rejected_reply_shows_a_system_error_in_the_buffer(tmp_path, home):
+    bad = {"text": '(:type :REQUEST :target :emacs :action :insert-at-end :buffer "*scratch*" '
+                   ':text "sneaky")'}
+    replies = script(tmp_path / "replies.jsonl", bad, bad)
+    driver = Driver(tmp_path, home, ("--script", str(replies)))
+    buffer = driver.run("""
+(e2e-send "try it")
+""")
+    assert "System Error: Chat agent returned invalid action" in buffer
+    assert "sneaky" not in buffer.split("System Error")[0]
