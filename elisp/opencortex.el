@@ -80,9 +80,11 @@ Give up after TIMEOUT seconds (default `opencortex-wait-timeout') and
 return nil."
   (let ((deadline (+ (float-time) (or timeout opencortex-wait-timeout)))
         value)
+    ;; Short slices: a reply's deferred callback runs from a timer, so a
+    ;; long slice would add its length to every round trip.
     (while (and (not (setq value (funcall predicate)))
                 (< (float-time) deadline))
-      (accept-process-output nil 0.01))
+      (accept-process-output nil 0.001))
     value))
 
 (defun opencortex-wait-idle (&optional timeout)

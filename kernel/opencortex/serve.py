@@ -24,6 +24,7 @@ from opencortex.approvals import ApprovalBook
 from opencortex.config import Config
 from opencortex.emacs import EmacsActuator, EmacsApprover, EmacsLink, EmacsService
 from opencortex.epc import KernelEpcServer
+from opencortex.llm import Backend
 from opencortex.runtime import build_kernel
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,13 @@ def write_connection_file(path: Path, port: int, secret: str) -> None:
 
 
 async def serve(config: Config, *, port: int = 0, connection_file: Path | None = None,
-                stdout: TextIO = sys.stdout) -> int:
-    """Run until SIGTERM, SIGINT or SIGHUP."""
+                stdout: TextIO = sys.stdout, backend: Backend | None = None,
+                stop: asyncio.Event | None = None) -> int:
+    """Run until SIGTERM, SIGINT or SIGHUP (or until STOP is set, when given)."""
     given = os.environ.pop("OPENCORTEX_SECRET", None)
     secret = given or secrets.token_hex(32)
     loop = asyncio.get_running_loop()
-    kernel = build_kernel(config, stream=sys.stderr)
+    kernel = build_kernel(config, stream=sys.stderr, backend=backend)
     link, book = EmacsLink(config.emacs.call_timeout), ApprovalBook()
     actuator = EmacsActuator(link, config.emacs.max_payload_bytes)
     kernel.actuators.register(actuator)
@@ -73,9 +75,10 @@ async def serve(config: Config, *, port: int = 0, connection_file: Path | None =
         print(f"warning: {error}", file=sys.stderr)
     if kernel.backend.warning:
         print(f"warning: {kernel.backend.warning}", file=sys.stderr)
-    stop = asyncio.Event()
-    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(number, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(number, stop.set)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                               daemon=True, name="opencortex-epc")
     thread.start()
