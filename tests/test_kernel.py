@@ -157,7 +157,8 @@ def test_failing_llm_tells_the_person_and_archives_nothing(config):
     kernel, printed = make(config, Down())
     result = run(kernel.handle(chat_message("hi")))
     assert result.status == "failed"
-    assert printed == ["System Error: LLM_UNAVAILABLE: provider unreachable"]
+    assert printed[0].startswith("System Error: LLM_UNAVAILABLE: provider unreachable")
+    assert "send the message again" in printed[0]
     assert kernel.archive.read_thread(CLI) == []
     # the kernel keeps running
     kernel.backend = EchoBackend()

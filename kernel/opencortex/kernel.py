@@ -129,7 +129,8 @@ class Kernel:
                 await self._turn(event, result, observer or TurnObserver())
             except TurnFailed as failure:
                 result.errors.append(str(failure))
-                await self._notify(event, f"System Error: {failure}", result)
+                await self._notify(event, f"System Error: {failure} — nothing of this turn "
+                                   "was kept; send the message again when that is fixed.", result)
             result.elapsed_s = time.perf_counter() - started
             self._count(event.thread, result)
             return result
@@ -272,7 +273,9 @@ class Kernel:
 
     async def _give_up(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
         result.errors.extend(verdict.errors)
-        message = f"System Error: {verdict.errors[0] if verdict.errors else 'reply rejected'}"
+        reason = verdict.errors[0] if verdict.errors else "reply rejected"
+        message = (f"System Error: {reason} — nothing was done; send the message again or "
+                   "rephrase it.")
         if await self._notify(event, message, result):
             result.text = message
             result.ids = self._archive(event, result, message, role="system")
