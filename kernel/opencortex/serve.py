@@ -65,12 +65,12 @@ async def serve(config: Config, *, port: int = 0, connection_file: Path | None =
     server = KernelEpcServer(loop, secret, service.methods(), port=port,
                              max_payload_bytes=config.emacs.max_payload_bytes,
                              on_connect=link.connected)
-    stdout.write(f"{server.port}\n")
-    stdout.flush()
     written = None
     if given is None or connection_file is not None:
         written = connection_file or default_connection_file()
         write_connection_file(written, server.port, secret)
+    stdout.write(f"{server.port}\n")
+    stdout.flush()
     for error in kernel.skills.errors:
         print(f"warning: {error}", file=sys.stderr)
     if kernel.backend.warning:
