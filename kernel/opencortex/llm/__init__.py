@@ -1,23 +1,59 @@
-"""LLM backends behind one interface (see `base`)."""
+"""LLM backends behind one interface (see `base`): echo, script, anthropic, openai."""
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from opencortex.config import Config
 from opencortex.llm.base import (Backend, LLMError, PromptMessage, PromptRequest, ReplyAddress,
                                  Usage)
+from opencortex.llm.cost import estimate_cost
 from opencortex.llm.echo import ECHO_WARNING, EchoBackend
+from opencortex.llm.fallback import EchoFallback
+from opencortex.llm.provider import ProviderBackend
+from opencortex.llm.routing import archetype_for, choose_model
 from opencortex.llm.script import ScriptBackend
+from opencortex.llm.settings import LLMSettings
+
+if TYPE_CHECKING:  # config.py imports llm.settings: no import of config at run time
+    from opencortex.config import Config
 
 __all__ = ["Backend", "LLMError", "PromptMessage", "PromptRequest", "ReplyAddress", "Usage",
-           "EchoBackend", "ScriptBackend", "make_backend"]
+           "EchoBackend", "EchoFallback", "ScriptBackend", "LLMSettings", "make_backend",
+           "provider_backend", "auto_backend_name", "archetype_for", "choose_model",
+           "estimate_cost"]
 
-KEY_VARIABLES = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+PROVIDERS = ("anthropic", "openai")
+
+
+def auto_backend_name(settings: LLMSettings) -> str | None:
+    """What `backend = "auto"` means here: anthropic when its key is set, else an
+    OpenAI-compatible server when its key is set or `[llm.openai] base_url` is
+    configured, else None (echo)."""
+    if os.environ.get(settings.anthropic.api_key_env):
+        return "anthropic"
+    if os.environ.get(settings.openai.api_key_env) or settings.openai.base_url:
+        return "openai"
+    return None
+
+
+def provider_backend(name: str, settings: LLMSettings) -> ProviderBackend:
+    """The provider backend NAME (anthropic or openai), not wrapped."""
+    if name == "anthropic":
+        from opencortex.llm.anthropic_api import AnthropicBackend
+        return AnthropicBackend(settings)
+    if name == "openai":
+        from opencortex.llm.openai_compatible import OpenAICompatibleBackend
+        return OpenAICompatibleBackend(settings)
+    raise ValueError(f"unknown LLM backend {name!r}; expected one of {', '.join(PROVIDERS)}")
 
 
 def make_backend(config: Config) -> Backend:
-    """The backend the configuration asks for; `auto` means echo until a real one is set up."""
+    """The backend the configuration asks for.
+
+    `auto` picks a provider whose key is set (see `auto_backend_name`), else echo.
+    A provider is wrapped in `EchoFallback` unless `[llm] fallback_to_echo = false`.
+    """
     if config.backend == "script":
         if config.script is None:
             raise ValueError("backend 'script' needs a script file: set `script` in the "
@@ -25,9 +61,17 @@ def make_backend(config: Config) -> Backend:
         return ScriptBackend(config.script)
     if config.backend == "echo":
         return EchoBackend()
-    keys = [name for name in KEY_VARIABLES if os.environ.get(name)]
-    if keys:
-        return EchoBackend(warning=(
-            f"{keys[0]} is set, but this kernel has no {keys[0].split('_')[0].lower()} "
-            f"backend yet; {ECHO_WARNING}"))
-    return EchoBackend(warning=f"{ECHO_WARNING} Set ANTHROPIC_API_KEY to talk to a model.")
+    settings = config.llm
+    name = config.backend if config.backend in PROVIDERS else auto_backend_name(settings)
+    if name is None:
+        return EchoBackend(warning=f"{ECHO_WARNING} Set ANTHROPIC_API_KEY (or configure "
+                                   "[llm.openai] for a local server) to talk to a model.")
+    backend = provider_backend(name, settings)
+    if not settings.fallback_to_echo:
+        return backend
+    fallback = EchoFallback(backend)
+    if backend.key_missing:
+        variable = backend.provider.key_variable
+        fallback.warning = (f"{variable} is not set: {ECHO_WARNING} "
+                            f"export {variable}=… to use {name}.")
+    return fallback

@@ -51,6 +51,8 @@ class PromptRequest(BaseModel):
     messages: list[PromptMessage] = Field(min_length=1)
     options: dict[str, Any] = Field(default_factory=dict)
     reply_to: ReplyAddress | None = None
+    # Filled by the kernel: {"archetype": ..., "skill": ..., "channel": ...}; picks the model.
+    routing: dict[str, str] = Field(default_factory=dict)
 
     def with_retry_note(self, reply: str, reason: str) -> "PromptRequest":
         """This request plus the rejected reply and why it was rejected."""
@@ -62,16 +64,28 @@ class PromptRequest(BaseModel):
 
 
 class Usage(BaseModel):
-    """What one reply cost; `estimated` when the backend had to count itself."""
+    """What one reply cost; `estimated` when the backend had to count itself.
+
+    `input_tokens` counts every prompt token; `cache_read_tokens` and
+    `cache_write_tokens` are the prompt-cache hits and writes among them.
+    `cost_usd` is None when the model has no price in `[llm.prices]`.
+    `fallback_reason` is set when echo answered because the configured
+    provider could not be reached (the reply text says so too).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     stop_reason: str = "end_turn"
     model: str = ""
     latency_s: float = 0.0
+    first_chunk_s: float | None = None
+    cost_usd: float | None = None
     estimated: bool = False
+    fallback_reason: str | None = None
 
 
 def estimate_tokens(text: str) -> int:

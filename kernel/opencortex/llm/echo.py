@@ -11,13 +11,17 @@ from opencortex.llm.base import Backend, PromptRequest, Usage, estimate_tokens
 ECHO_WARNING = "LLM unavailable, running in echo mode: replies repeat your message."
 
 
-def echo_text(request: PromptRequest) -> str:
-    """The reply an echo turn gives: the last user message, prefixed, as an action."""
+def echo_text(request: PromptRequest, notice: str | None = None) -> str:
+    """The reply an echo turn gives: the last user message, prefixed, as an action.
+
+    NOTICE (why echo answers instead of the configured model) goes before the message.
+    """
     said = request.messages[-1].content
+    prefix = f"[Echo] ({notice}) " if notice else "[Echo] "
     address = request.reply_to
     if address is None:
-        return reply_action("cli", "local", f"[Echo] {said}").printed()
-    text = f"* [Echo] {said}" if address.channel == "emacs" else f"[Echo] {said}"
+        return reply_action("cli", "local", f"{prefix}{said}").printed()
+    text = f"* {prefix}{said}" if address.channel == "emacs" else f"{prefix}{said}"
     return reply_action(address.channel, address.chat_id, text, address.buffer).printed()
 
 
@@ -35,10 +39,15 @@ class EchoBackend(Backend):
         self.warning = warning
 
     async def stream(self, request: PromptRequest) -> AsyncIterator[str | Usage]:
+        for item in self.reply(request):
+            yield item
+
+    def reply(self, request: PromptRequest, notice: str | None = None) -> list[str | Usage]:
+        """The chunks and the Usage of an echo reply (NOTICE: see `echo_text`)."""
         started = time.perf_counter()
-        reply = echo_text(request)
-        for chunk in split_chunks(reply, self.chunk_size):
-            yield chunk
+        reply = echo_text(request, notice)
         prompt = request.system + "".join(m.content for m in request.messages)
-        yield Usage(input_tokens=estimate_tokens(prompt), output_tokens=estimate_tokens(reply),
-                    model="echo", latency_s=time.perf_counter() - started, estimated=True)
+        usage = Usage(input_tokens=estimate_tokens(prompt), output_tokens=estimate_tokens(reply),
+                      model="echo", latency_s=time.perf_counter() - started, cost_usd=0.0,
+                      estimated=True, fallback_reason=notice)
+        return [*split_chunks(reply, self.chunk_size), usage]

@@ -2,8 +2,9 @@
 
 File formats:
 - `*.jsonl`: one reply a line, either a JSON string or an object
-  `{"text": "...", "chunks": ["..", ".."], "error": "LLM_UNAVAILABLE"}`
-  (`chunks` streams exactly those pieces; `error` makes that turn fail).
+  `{"text": "...", "chunks": ["..", ".."], "delay": 0.05, "error": "LLM_UNAVAILABLE"}`
+  (`chunks` streams exactly those pieces, `delay` seconds before each; `error`
+  makes that turn fail).
 - anything else: replies separated by lines holding only `%%`.
 When the replies run out the backend fails with LLM_UNAVAILABLE, saying so.
 """
@@ -77,12 +78,13 @@ class ScriptBackend(Backend):
         if entry.get("error"):
             raise LLMError(entry["error"], entry.get("message", "scripted failure"))
         chunks = entry.get("chunks") or split_chunks(entry.get("text", ""), self.chunk_size)
+        delay = float(entry.get("delay", self.delay))
         for chunk in chunks:
-            if self.delay:
-                await asyncio.sleep(self.delay)
+            if delay:
+                await asyncio.sleep(delay)
             yield chunk
         reply = "".join(chunks)
         prompt = request.system + "".join(m.content for m in request.messages)
         yield Usage(input_tokens=estimate_tokens(prompt), output_tokens=estimate_tokens(reply),
                     model=f"script:{self.path.name}",
-                    latency_s=time.perf_counter() - started, estimated=True)
+                    latency_s=time.perf_counter() - started, cost_usd=0.0, estimated=True)

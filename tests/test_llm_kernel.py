@@ -1,0 +1,159 @@
+"""Real turns through the kernel with the real SDKs: what the person sees, what is archived."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from opencortex.config import load_config
+from opencortex.events import Thread, chat_message
+from opencortex.kernel import TurnObserver
+from opencortex.runtime import build_kernel
+
+from conftest import cli_env
+from llm_fakes import FakeProvider, Reply
+
+SECRET = "sk-ant-test-SECRET-9876543210"
+PLIST = '(:type :REQUEST :target :cli :text "Hello from the model")'
+CLI = Thread("cli", "local")
+
+
+def pieces(text: str, size: int = 5) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+@pytest.fixture
+def fake():
+    with FakeProvider() as server:
+        yield server
+
+
+@pytest.fixture
+def anthropic_home(home, fake, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
+    (home / "config.toml").write_text("backend = \"anthropic\"\n[llm]\nstall_timeout = 0.5\n"
+                                      "retry_base_delay = 0.001\n")
+    return home
+
+
+class Chunks(TurnObserver):
+    def __init__(self):
+        self.seen: list[str] = []
+
+    def on_chunk(self, text: str) -> None:
+        self.seen.append(text)
+
+
+def turn(home, text: str = "hi", **overrides):
+    """One turn in a fresh kernel; returns (result, printed, streamed chunks, archive)."""
+    async def go():
+        printed: list[str] = []
+        kernel = build_kernel(load_config(home, **overrides), writer=printed.append)
+        observer = Chunks()
+        try:
+            result = await kernel.handle(chat_message(text), observer)
+            return result, printed, observer.seen, kernel.archive.read_thread(CLI)
+        finally:
+            await kernel.aclose()
+    return asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_a_claude_turn_streams_is_shown_archived_and_priced(anthropic_home, fake):
+    fake.push(Reply(chunks=pieces(PLIST), input_tokens=2000, output_tokens=20))
+    result, printed, streamed, records = turn(anthropic_home)
+    assert result.status == "done", result.errors
+    assert "".join(streamed) == PLIST and printed == ["Hello from the model"]
+    assert [r.text for r in records] == ["hi", "Hello from the model"]
+    assert records[1].extra.get("BACKEND") == "anthropic"
+    data = result.as_json()
+    assert data["usage"]["model"] == "claude-opus-4-7"
+    assert data["usage"]["input_tokens"] == 2000 and data["usage"]["output_tokens"] == 20
+    assert data["usage"]["cost_usd"] == pytest.approx((2000 * 5 + 20 * 25) / 1e6)
+    assert not result.warnings
+
+
+def test_a_stream_cut_midway_archives_nothing_and_says_resend(anthropic_home, fake):
+    fake.push(Reply(chunks=pieces(PLIST), break_after=3))
+    result, printed, streamed, records = turn(anthropic_home)
+    assert result.status == "failed" and records == []
+    assert "".join(streamed) == PLIST[:15]  # the person saw the start of it ...
+    assert "LLM_UNAVAILABLE: the reply was cut off after 3 chunks" in result.errors[0]
+    assert "send the message again" in printed[-1]  # ... and is told it was cut
+
+
+def test_rate_limited_turn_tells_the_wait(anthropic_home, fake):
+    fake.push(*[Reply(status=429, error_type="rate_limit_error",
+                      headers={"retry-after": "0.01"})] * 3)
+    result, printed, _, records = turn(anthropic_home)
+    assert result.status == "failed" and records == []
+    assert result.errors[0].startswith("RATE_LIMITED:") and "try again in" in printed[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_unreachable_provider_answers_with_echo_saying_so(anthropic_home, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{free_port()}")
+    result, printed, _, records = turn(anthropic_home, "are you there?")
+    assert result.status == "done", result.errors
+    assert printed[0].startswith("[Echo] (anthropic unavailable: cannot reach anthropic")
+    assert printed[0].endswith("this reply is an echo) are you there?")
+    assert records[1].text == printed[0]  # archived as what it is: an echo
+    assert result.usage.model == "echo" and result.usage.fallback_reason
+
+
+def test_without_fallback_an_unreachable_provider_is_an_error(anthropic_home, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{free_port()}")
+    with open(anthropic_home / "config.toml", "a") as config:
+        config.write("fallback_to_echo = false\n")
+    result, printed, _, records = turn(anthropic_home)
+    assert result.status == "failed" and records == []
+    assert "LLM_UNAVAILABLE: cannot reach anthropic" in printed[-1]
+
+
+def oc(home, *args: str, **env: str):
+    return subprocess.run([sys.executable, "-m", "opencortex", *args], capture_output=True,
+                          text=True, timeout=120, env=cli_env(home, **env))
+
+
+def test_cli_backend_and_model_overrides_reach_the_provider(home, fake):
+    fake.push(Reply(chunks=pieces(PLIST), input_tokens=1000, output_tokens=10))
+    run = oc(home, "chat", "-m", "hello", "--json", "--backend", "anthropic",
+             "--model", "claude-sonnet-4-6", ANTHROPIC_API_KEY=SECRET,
+             ANTHROPIC_BASE_URL=fake.url)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["text"] == "Hello from the model" and data["backend"] == "anthropic"
+    assert data["usage"]["model"] == "claude-sonnet-4-6"
+    assert data["usage"]["cost_usd"] == pytest.approx((1000 * 3 + 10 * 15) / 1e6)
+    assert fake.requests[0].body["model"] == "claude-sonnet-4-6"
+    assert SECRET not in run.stdout + run.stderr
+
+
+def test_cli_openai_compatible_server_without_a_key(home, fake):
+    (home / "config.toml").write_text(f'[llm.openai]\nbase_url = "{fake.openai_url}"\n'
+                                      'model = "llama3.2"\n')
+    fake.push(Reply(chunks=pieces(PLIST)))
+    run = oc(home, "chat", "-m", "hello", "--json")  # auto: a configured server is used
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["backend"] == "openai" and data["usage"]["model"] == "llama3.2"
+    assert data["usage"]["cost_usd"] is None  # no price for a local model: unknown, not 0
+
+
+def test_cli_wrong_key_names_the_variable_never_the_key(home, fake):
+    fake.push(Reply(status=401, error_type="authentication_error"))
+    run = oc(home, "chat", "-m", "hello", "--backend", "anthropic",
+             ANTHROPIC_API_KEY=SECRET, ANTHROPIC_BASE_URL=fake.url)
+    assert run.returncode == 1
+    assert "set ANTHROPIC_API_KEY to a valid key" in run.stdout + run.stderr
+    assert SECRET not in run.stdout + run.stderr

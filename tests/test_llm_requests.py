@@ -1,0 +1,104 @@
+"""What each backend sends: prompt caching, parameters, keys, and the SDKs imported lazily."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from opencortex.llm import PromptRequest, ReplyAddress
+from opencortex.llm.anthropic_api import AnthropicBackend
+from opencortex.llm.openai_compatible import NO_KEY, OpenAICompatibleBackend
+from opencortex.llm.settings import LLMSettings
+
+from conftest import REPO
+from llm_fakes import FakeProvider, Reply
+
+HISTORY = PromptRequest(
+    system="MANDATE AND PERSONA",
+    messages=[{"role": "user", "content": "first"}, {"role": "assistant", "content": "reply"},
+              {"role": "user", "content": "second"}],
+    reply_to=ReplyAddress(channel="emacs", chat_id="main", buffer="*opencortex-chat*"))
+
+
+@pytest.fixture
+def fake():
+    with FakeProvider() as server:
+        yield server
+
+
+def run(backend, request: PromptRequest = HISTORY) -> list:
+    async def go():
+        try:
+            return [item async for item in backend.stream(request)]
+        finally:
+            await backend.aclose()
+    return asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_anthropic_marks_the_stable_system_prompt_for_caching(fake):
+    fake.push(Reply(cache_read=900))
+    usage = run(AnthropicBackend(LLMSettings(temperature=0.3), api_key="k",
+                                 base_url=fake.url))[-1]
+    body = fake.requests[0].body
+    assert body["system"] == [{"type": "text", "text": "MANDATE AND PERSONA",
+                               "cache_control": {"type": "ephemeral"}}]
+    assert [m["content"] for m in body["messages"]] == ["first", "reply", "second"]
+    assert "cache_control" not in str(body["messages"])  # what changes per turn comes after
+    assert "temperature" not in body and body["stream"] is True  # refused by the API now
+    assert body["model"] == "claude-opus-4-7" and body["max_tokens"] == 4096  # emacs: owner
+    assert fake.requests[0].headers.get("anthropic-version")
+    assert usage.cache_read_tokens == 900
+
+
+def test_anthropic_prompt_cache_can_be_switched_off(fake):
+    settings = LLMSettings.model_validate({"anthropic": {"prompt_cache": False}})
+    fake.push(Reply())
+    run(AnthropicBackend(settings, api_key="k", base_url=fake.url))
+    body = fake.requests[0].body
+    assert body["system"] == "MANDATE AND PERSONA"
+
+
+def test_anthropic_honours_anthropic_base_url(fake, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-from-env")
+    fake.push(Reply(chunks=["via env"]))
+    assert run(AnthropicBackend(LLMSettings()))[0] == "via env"
+    assert "sk-from-env" in fake.requests[0].headers.get("Authorization", "")
+
+
+def test_openai_sends_the_system_prompt_first_and_asks_for_usage(fake):
+    fake.push(Reply(stop_reason="max_tokens"))
+    settings = LLMSettings.model_validate({"openai": {"model": "llama3"}, "max_tokens": 77,
+                                           "temperature": 0.2})
+    usage = run(OpenAICompatibleBackend(settings, api_key=None, base_url=fake.openai_url))[-1]
+    body = fake.requests[0].body
+    assert body["messages"][0] == {"role": "system", "content": "MANDATE AND PERSONA"}
+    assert [m["role"] for m in body["messages"][1:]] == ["user", "assistant", "user"]
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["model"] == "llama3" and body["max_tokens"] == 77 and body["temperature"] == 0.2
+    assert usage.stop_reason == "max_tokens" and not usage.estimated
+    assert fake.requests[0].headers["Authorization"] == f"Bearer {NO_KEY}"  # no key: local
+
+
+def test_openai_without_stream_usage_estimates_tokens(fake):
+    settings = LLMSettings.model_validate({"openai": {"stream_usage": False, "model": "m"}})
+    fake.push(Reply(chunks=["a" * 40]))
+    usage = run(OpenAICompatibleBackend(settings, api_key="k", base_url=fake.openai_url))[-1]
+    assert "stream_options" not in fake.requests[0].body
+    assert usage.estimated and usage.output_tokens == 10 and usage.input_tokens > 0
+
+
+def test_the_sdks_are_imported_on_the_first_reply_not_at_start(home):
+    code = ("import sys, os\n"
+            "os.environ['ANTHROPIC_API_KEY'] = 'k'\n"
+            "from opencortex.config import load_config\n"
+            "from opencortex.runtime import build_kernel\n"
+            f"kernel = build_kernel(load_config({str(home)!r}, backend='anthropic'))\n"
+            "print(kernel.backend.name, 'anthropic' in sys.modules, 'openai' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["anthropic", "False", "False"]
