@@ -28,6 +28,24 @@ def _common(top: bool) -> argparse.ArgumentParser:
     return common
 
 
+def _backend_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=["auto", "echo", "script", "anthropic", "openai"],
+                        help="LLM backend (default: the configuration's `backend`)")
+    parser.add_argument("--model", help="model for every turn, beating the [llm] model table")
+    parser.add_argument("--script", type=Path, help="replies file for the script backend")
+
+
+def _config_for(args: argparse.Namespace) -> Config:
+    """The configuration with the command's --backend, --script and --model applied."""
+    config = load_config(args.home, backend=args.backend, script=args.script)
+    if args.script and not args.backend:
+        config = config.model_copy(update={"backend": "script"})
+    if args.model:
+        config = config.model_copy(update={"llm": config.llm.model_copy(
+            update={"model": args.model})})
+    return config
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common(top=False)
     parser = argparse.ArgumentParser(prog="opencortex", parents=[_common(top=True)], description=(
@@ -40,10 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--thread", default="cli:local",
                       help="thread as CHANNEL:CHAT-ID or a chat id on cli (default cli:local)")
     chat.add_argument("--json", action="store_true", help="print the turn as one JSON object")
-    chat.add_argument("--backend", choices=["auto", "echo", "script", "anthropic", "openai"],
-                      help="LLM backend (default: the configuration's `backend`)")
-    chat.add_argument("--model", help="model for every turn, beating the [llm] model table")
-    chat.add_argument("--script", type=Path, help="replies file for the script backend")
+    _backend_options(chat)
 
     skills = sub.add_parser("skills", parents=[common], help="list the loaded skills")
     skills.add_argument("--json", action="store_true")
@@ -70,8 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free)")
     serve.add_argument("--connection-file", type=Path,
                        help="where to write port and secret (default: the runtime dir)")
-    serve.add_argument("--backend", choices=["auto", "echo", "script"], help="LLM backend")
-    serve.add_argument("--script", type=Path, help="replies file for the script backend")
+    _backend_options(serve)
 
     sub.add_parser("doctor", parents=[common], help="what is present and missing, with fixes")
     return parser
@@ -147,12 +161,7 @@ async def _chat_loop(config: Config, thread: Thread) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    config = load_config(args.home, backend=args.backend, script=args.script)
-    if args.script and not args.backend:
-        config = config.model_copy(update={"backend": "script"})
-    if args.model:
-        config = config.model_copy(update={"llm": config.llm.model_copy(
-            update={"model": args.model})})
+    config = _config_for(args)
     thread = Thread.parse(args.thread)
     if args.message is not None:
         return asyncio.run(_chat_once(config, args, thread))
@@ -231,9 +240,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from opencortex.serve import serve
-    config = load_config(args.home, backend=args.backend, script=args.script)
-    if args.script and not args.backend:
-        config = config.model_copy(update={"backend": "script"})
+    config = _config_for(args)
     return asyncio.run(serve(config, port=args.port, connection_file=args.connection_file))
 
 

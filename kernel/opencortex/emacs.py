@@ -223,7 +223,7 @@ class EmacsService:
         budget = self.kernel.config.chat.context_budget
         return {"turn": stats.turns if stats else 0,
                 "context-percent": round(100 * stats.input_tokens / budget, 1) if stats else 0,
-                "cost-usd": 0.0,
+                "cost-usd": round(stats.cost_usd, 6) if stats else 0.0,
                 "latency-ms": round(stats.average_latency_ms, 1) if stats else 0,
                 "backend": self.kernel.backend.name,
                 "warning": self.kernel.backend.warning,

@@ -25,6 +25,7 @@ from opencortex.approvals import ApprovalDecision, ApprovalRequest, Approver
 from opencortex.config import Config
 from opencortex.events import Event, Thread, parse_event
 from opencortex.llm import Backend, LLMError, PromptRequest, ReplyAddress, Usage
+from opencortex.llm.routing import archetype_for
 from opencortex.memory import Archive, NewMessage
 from opencortex.skills import Skill, SkillContext, SkillRegistry
 from opencortex.tools import ToolRegistry
@@ -83,6 +84,8 @@ class ThreadStats:
     total_latency_s: float = 0.0
     input_tokens: int = 0
     output_tokens: int = 0
+    cost_usd: float = 0.0
+    unpriced_turns: int = 0  # turns whose model has no price: the cost is a lower bound
 
     @property
     def average_latency_ms(self) -> float:
@@ -139,9 +142,16 @@ class Kernel:
         stats = self.stats.setdefault(thread, ThreadStats())
         stats.turns += 1
         stats.total_latency_s += result.elapsed_s
-        if result.usage is not None:
-            stats.input_tokens = result.usage.input_tokens
-            stats.output_tokens += result.usage.output_tokens
+        usage = result.usage
+        if usage is not None:
+            stats.input_tokens = usage.input_tokens
+            stats.output_tokens += usage.output_tokens
+            if usage.cost_usd is None:
+                stats.unpriced_turns += 1
+            else:
+                stats.cost_usd += usage.cost_usd
+            if usage.fallback_reason:
+                result.warnings.append(usage.fallback_reason)
 
     # -- the turn -----------------------------------------------------------
 
@@ -195,7 +205,9 @@ class Kernel:
         event = ctx.event
         address = ReplyAddress(channel=event.channel, chat_id=event.chat_id,
                                buffer=self.config.chat.buffer)
-        return request.model_copy(update={"reply_to": address})
+        routing = {"archetype": archetype_for(event.thread, self.config.llm),
+                   "skill": skill.name, "channel": event.channel}
+        return request.model_copy(update={"reply_to": address, "routing": routing})
 
     async def _ask_until_valid(self, skill: Skill, request: PromptRequest, ctx: SkillContext,
                                result: TurnResult, observer: TurnObserver) -> Verdict:
