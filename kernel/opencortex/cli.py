@@ -193,13 +193,17 @@ def cmd_read_action(args: argparse.Namespace) -> int:
     from opencortex.verification import judge
     text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
     config = load_config(args.home)
-    kernel = build_kernel(config)
-    try:
-        event = chat_message("(read-action dry run)", args.channel, "dry-run")
-        verdict = judge(text, kernel.skills.skills, kernel.context(event), kernel.tools,
-                        max_bytes=config.max_reply_bytes, max_depth=config.max_reply_depth)
-    finally:
-        asyncio.run(kernel.aclose())
+
+    async def dry_run():
+        kernel = build_kernel(config)
+        try:
+            event = chat_message("(read-action dry run)", args.channel, "dry-run")
+            return judge(text, kernel.skills.skills, await kernel.context(event), kernel.tools,
+                         max_bytes=config.max_reply_bytes, max_depth=config.max_reply_depth)
+        finally:
+            await kernel.aclose()
+
+    verdict = asyncio.run(dry_run())
     if args.json:
         _print_json(verdict.as_json())
     else:

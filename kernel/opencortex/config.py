@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from opencortex.conversation.settings import ConversationSettings
 from opencortex.llm.settings import LLMSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -38,9 +39,7 @@ class ChatSettings(BaseModel):
 
     buffer: str = DEFAULT_CHAT_BUFFER
     allowed_buffers: list[str] = Field(default_factory=list)
-    history_limit: int = Field(default=20, ge=0, le=10_000)
     history_chars: int = Field(default=1000, ge=100)
-    context_budget: int = Field(default=8000, ge=256)
 
 
 class ShellSettings(BaseModel):
@@ -85,6 +84,7 @@ class Config(BaseModel):
     shell: ShellSettings = Field(default_factory=ShellSettings)
     emacs: EmacsSettings = Field(default_factory=EmacsSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
+    conversation: ConversationSettings = Field(default_factory=ConversationSettings)
 
     @property
     def memory_dir(self) -> Path:

@@ -205,8 +205,11 @@ class EmacsService:
                         "was not archived. See the kernel's stderr.")
         else:
             relay.finish()
+        asyncio.ensure_future(self._status_changed(thread, relay.turn_id))
+
+    async def _status_changed(self, thread: Thread, turn_id: str) -> None:
         self.link.notify("opencortex-status-changed",
-                         {**self.status_of(thread), "turn-id": relay.turn_id})
+                         {**await self.kernel.view(thread), "turn-id": turn_id})
 
     async def abort_turn(self, chat_id: str) -> bool:
         task = self.running.get(Thread("emacs", chat_id))
@@ -218,34 +221,28 @@ class EmacsService:
     async def answer_approval(self, approval_id: str, answer: str) -> bool:
         return self.book.answer(str(approval_id), str(answer).lower() in ("yes", "y", "t"))
 
-    def status_of(self, thread: Thread) -> dict[str, Any]:
-        stats = self.kernel.stats.get(thread)
-        budget = self.kernel.config.chat.context_budget
-        return {"turn": stats.turns if stats else 0,
-                "context-percent": round(100 * stats.input_tokens / budget, 1) if stats else 0,
-                "cost-usd": round(stats.cost_usd, 6) if stats else 0.0,
-                "latency-ms": round(stats.average_latency_ms, 1) if stats else 0,
-                "backend": self.kernel.backend.name,
-                "warning": self.kernel.backend.warning,
-                "memory-file": str(self.kernel.archive.thread_file(thread))}
-
     async def status(self, chat_id: str) -> dict[str, Any]:
-        return self.status_of(Thread("emacs", chat_id))
+        return await self.kernel.view(Thread("emacs", chat_id))
 
     async def reload_skills(self) -> dict[str, Any]:
         errors = self.kernel.skills.reload()
         return {"skills": len(self.kernel.skills.skills), "errors": [str(e) for e in errors]}
 
     async def slash_command(self, chat_id: str, text: str) -> dict[str, Any]:
+        """/reload and /status here; every conversation command through the kernel."""
         word = text.strip().split()[0].lower() if text.strip() else "/help"
+        thread = Thread("emacs", chat_id)
         if word == "/reload":
             reloaded = await self.reload_skills()
-            lines = [f"Reloaded {reloaded['skills']} skills."] + reloaded["errors"]
-            return {"text": "\n".join(lines)}
+            return {"text": "\n".join([f"Reloaded {reloaded['skills']} skills."]
+                                      + reloaded["errors"])}
         if word == "/status":
-            status = self.status_of(Thread("emacs", chat_id))
-            return {"text": " ".join(f"{k}={v}" for k, v in status.items())}
+            view = await self.kernel.view(thread)
+            return {"text": " ".join(f"{k}={v}" for k, v in view.items())}
+        try:
+            answer = await self.kernel.run_command(thread, text)
+        except ValueError as error:
+            answer = f"Error: {error}"
         if word == "/help":
-            return {"text": "/help — this list\n/reload — reload skills from disk\n"
-                            "/status — turn, context, cost, latency, backend"}
-        return {"text": f"Unknown command {word}; /help lists the commands."}
+            answer += "\n/reload — reload skills from disk\n/status — this chat's status line"
+        return {"text": answer}

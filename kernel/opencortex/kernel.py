@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 import weakref
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -23,73 +22,22 @@ from opencortex.actuators.base import address_of
 from opencortex.actuators.shell import ShellActuator, argv_of
 from opencortex.approvals import ApprovalDecision, ApprovalRequest, Approver
 from opencortex.config import Config
+from opencortex.conversation.commands import CommandError, CommandInput, Commands, is_command
+from opencortex.conversation.conversations import Conversation, Conversations
+from opencortex.conversation.session import InvalidTransition
 from opencortex.events import Event, Thread, parse_event
 from opencortex.llm import Backend, LLMError, PromptRequest, ReplyAddress, Usage
 from opencortex.llm.routing import archetype_for
 from opencortex.memory import Archive, NewMessage
 from opencortex.skills import Skill, SkillContext, SkillRegistry
 from opencortex.tools import ToolRegistry
-from opencortex.verification import Verdict, judge, jsonable
+from opencortex.turn import ThreadStats, TurnObserver, TurnResult
+from opencortex.verification import Verdict, judge
 
 log = logging.getLogger(__name__)
 
-Status = Literal["done", "needs-approval", "rejected", "failed", "no-skill", "aborted"]
-
-
-class TurnObserver:
-    """What a frontend may follow of a turn while it runs (default: nothing)."""
-
-    def on_chunk(self, text: str) -> None:
-        """A streamed piece of the raw model reply."""
-
-    def on_reply_done(self) -> None:
-        """The model finished one reply; verification and actuation follow."""
-
-
-@dataclass
-class TurnResult:
-    """What one turn did, for frontends and `--json`."""
-
-    thread: Thread
-    status: Status
-    backend: str
-    turn_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
-    text: str | None = None
-    action: dict[str, Any] | None = None
-    skill: str | None = None
-    ids: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    usage: Usage | None = None
-    attempts: int = 0
-    elapsed_s: float = 0.0
-
-    def as_json(self) -> dict[str, Any]:
-        return {"status": self.status, "turn_id": self.turn_id, "text": self.text, "action": jsonable(self.action),
-                "backend": self.backend, "thread": str(self.thread), "skill": self.skill,
-                "ids": self.ids, "warnings": self.warnings, "errors": self.errors,
-                "usage": self.usage.model_dump() if self.usage else None,
-                "attempts": self.attempts, "elapsed_s": round(self.elapsed_s, 6)}
-
-
 class TurnFailed(Exception):
     """Internal: a turn stops here; the message is what the person is told."""
-
-
-@dataclass
-class ThreadStats:
-    """Running figures for a thread's status line."""
-
-    turns: int = 0
-    total_latency_s: float = 0.0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float = 0.0
-    unpriced_turns: int = 0  # turns whose model has no price: the cost is a lower bound
-
-    @property
-    def average_latency_ms(self) -> float:
-        return 1000 * self.total_latency_s / self.turns if self.turns else 0.0
 
 
 class Kernel:
@@ -97,7 +45,7 @@ class Kernel:
 
     def __init__(self, *, config: Config, skills: SkillRegistry, backend: Backend,
                  actuators: ActuatorRegistry, archive: Archive, tools: ToolRegistry,
-                 persona: str = ""):
+                 conversations: Conversations, persona: str = ""):
         self.config = config
         self.skills = skills
         self.backend = backend
@@ -105,6 +53,8 @@ class Kernel:
         self.archive = archive
         self.tools = tools
         self.persona = persona
+        self.conversations = conversations
+        self.commands = Commands(conversations)
         self.approvers: dict[str, Approver] = {}
         self.stats: dict[Thread, ThreadStats] = {}
         self._locks: weakref.WeakValueDictionary[Thread, asyncio.Lock] = \
@@ -125,10 +75,13 @@ class Kernel:
         result = TurnResult(event.thread, "failed", self.backend.name)
         result.turn_id = turn_id or result.turn_id
         async with lock:
-            started = time.perf_counter()
+            started = result.started = time.perf_counter()
             if self.backend.warning:
                 result.warnings.append(self.backend.warning)
             try:
+                if is_command(event.text):
+                    await self._command(event, result)
+                    return result
                 await self._turn(event, result, observer or TurnObserver())
             except TurnFailed as failure:
                 result.errors.append(str(failure))
@@ -155,20 +108,80 @@ class Kernel:
 
     # -- the turn -----------------------------------------------------------
 
-    def context(self, event: Event, attempt: int = 0,
-                rejections: tuple[str, ...] = ()) -> SkillContext:
-        """What skills see for EVENT: never the kernel itself."""
+    async def context(self, event: Event) -> SkillContext:
+        """What skills see for EVENT: its thread's working context and what was recalled
+        for it (same owner only) — never the kernel itself, never another thread."""
         chat = self.config.chat
-        history = self.archive.history(event.thread, limit=chat.history_limit)
+        conversation = await self.conversations.open(event.thread)
+        recalled = await self.conversations.remember(event.thread, event.text)
         settings = {"buffer": chat.buffer, "allowed-buffers": list(chat.allowed_buffers),
                     "history-chars": chat.history_chars}
-        return SkillContext(event=event, thread=event.thread, history=history,
+        return SkillContext(event=event, thread=event.thread,
+                            history=list(conversation.context.entries), recalled=recalled,
                             persona=self.persona, config=settings,
-                            tools=self.tools.descriptions(), attempt=attempt,
-                            rejections=list(rejections))
+                            tools=self.tools.descriptions())
+
+    async def run_command(self, thread: Thread, text: str) -> str:
+        """Run the slash command TEXT in THREAD; CommandError (a ValueError) if it is misused."""
+        conversation = await self.conversations.open(thread)
+        given = CommandInput(persona=self.persona, metrics=self._metrics(thread))
+        try:
+            return await self.commands.run(conversation, text, given)
+        except InvalidTransition as error:
+            raise CommandError(str(error)) from None
+
+    async def _command(self, event: Event, result: TurnResult) -> None:
+        """A slash command: answered on the channel, never sent to the model."""
+        try:
+            answer = await self.run_command(event.thread, event.text)
+        except ValueError as error:
+            result.status = "failed"
+            result.errors.append(str(error))
+            await self._notify(event, str(error), result, heading=False)
+            return
+        result.status, result.text = "done", answer
+        await self._notify(event, answer, result, error=False, heading=False)
+
+    def _metrics(self, thread: Thread) -> dict[str, Any]:
+        stats = self.stats.get(thread, ThreadStats())
+        return {"kernel turns": stats.turns, "tokens in (last)": stats.input_tokens,
+                "tokens out": stats.output_tokens, "cost (USD)": round(stats.cost_usd, 6),
+                "average latency (ms)": round(stats.average_latency_ms, 1),
+                "backend": self.backend.name}
+
+    async def view(self, thread: Thread) -> dict[str, Any]:
+        """What a frontend may show about THREAD (never prompts)."""
+        conversation = await self.conversations.open(thread)
+        stats = self.stats.get(thread, ThreadStats())
+        context, session = conversation.context, conversation.session
+        return {"turn": conversation.log.turn_count(),
+                "context-percent": round(100 * context.pressure, 1),
+                "context-state": context.state, "session": session.state,
+                "can-send": session.state not in ("collapsed", "draining"),
+                "branch": conversation.log.branch,
+                "cost-usd": round(stats.cost_usd, 6),
+                "latency-ms": round(stats.average_latency_ms, 1),
+                "backend": self.backend.name, "warning": self.backend.warning,
+                "memory-file": str(self.archive.thread_file(thread))}
 
     async def _turn(self, event: Event, result: TurnResult, observer: TurnObserver) -> None:
-        ctx = self.context(event)
+        conversation = await self.conversations.open(event.thread)
+        session = conversation.session
+        if session.state == "collapsed":
+            result.status = "failed"
+            raise TurnFailed(f"this session has collapsed: {session.collapse_reason}")
+        if session.state == "dormant":
+            session.to("ready")
+        ctx = await self.context(event)
+        session.to("streaming")
+        try:
+            await self._run(event, ctx, conversation, result, observer)
+        finally:
+            if session.state in ("streaming", "waiting"):
+                session.to("ready")
+
+    async def _run(self, event: Event, ctx: SkillContext, conversation: Conversation,
+                   result: TurnResult, observer: TurnObserver) -> None:
         skill = next((s for s in self.skills.matching(ctx) if s.probabilistic), None)
         if skill is None:
             result.status = "no-skill"
@@ -185,6 +198,7 @@ class Kernel:
         result.action = verdict.action.to_plist()
         # From here on the person sees effects: finish even if the turn is aborted.
         if verdict.status == "needs-approval":
+            conversation.session.to("waiting")
             await asyncio.shield(self._hold_for_approval(event, verdict, result))
             return
         await asyncio.shield(self._act(event, verdict.action, result))
@@ -251,7 +265,7 @@ class Kernel:
     async def _act(self, event: Event, action: Action, result: TurnResult) -> None:
         if isinstance(action, Log):
             result.status = "done"
-            result.ids = self._archive(event, result, action.text, turn_type="thought")
+            result.ids = await self._archive(event, result, action.text, turn_type="thought")
             return
         if isinstance(action, Response):
             action = reply_action(event.channel, event.chat_id, action.text,
@@ -266,7 +280,7 @@ class Kernel:
             # The reply exists and was verified: keep it, marked undelivered.
             result.status = "failed"
             result.text = action.reply_text
-            result.ids = self._archive(event, result, action.reply_text,
+            result.ids = await self._archive(event, result, action.reply_text,
                                        extra={"DELIVERY": "failed"})
             return
         result.status = "done"
@@ -278,10 +292,10 @@ class Kernel:
             text = f"Tool {action.tool}: {outcome.result}"
             await self._notify(event, text, result)
             result.text = text
-            result.ids = self._archive(event, result, text, role="system", turn_type="action")
+            result.ids = await self._archive(event, result, text, role="system", turn_type="action")
             return
         result.text = outcome.shown if outcome.shown is not None else action.reply_text
-        result.ids = self._archive(event, result, result.text or "")
+        result.ids = await self._archive(event, result, result.text or "")
 
     async def _give_up(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
         result.errors.extend(verdict.errors)
@@ -290,7 +304,7 @@ class Kernel:
                    "rephrase it.")
         if await self._notify(event, message, result):
             result.text = message
-            result.ids = self._archive(event, result, message, role="system")
+            result.ids = await self._archive(event, result, message, role="system")
 
     async def _hold_for_approval(self, event: Event, verdict: Verdict,
                                  result: TurnResult) -> None:
@@ -306,7 +320,7 @@ class Kernel:
                        "This channel cannot approve actions; nothing was run.")
             await self._notify(event, message, result, error=False)
             result.text = message
-            result.ids = self._archive(event, result, proposed, turn_type="yield")
+            result.ids = await self._archive(event, result, proposed, turn_type="yield")
             return
         try:
             request = ApprovalRequest(thread=event.thread, argv=tuple(argv_of(action)),
@@ -339,7 +353,7 @@ class Kernel:
             shown = f"Not run ({decision.how}): {request.command}"
             await self._notify(event, shown, result, error=False)
         result.text = shown
-        result.ids = self._archive_many(event, result, [
+        result.ids = await self._archive_many(event, result, [
             ("assistant", action.printed(), "yield"),
             *[("system", text, kind) for text, kind in said]])
 
@@ -366,21 +380,31 @@ class Kernel:
             result.errors.append(f"could not tell the person: {error_}")
             return False
 
-    def _archive(self, event: Event, result: TurnResult, reply: str, *,
-                 role: str = "assistant", turn_type: str = "speech",
-                 extra: dict[str, str] | None = None) -> list[str]:
+    async def _archive(self, event: Event, result: TurnResult, reply: str, *,
+                       role: str = "assistant", turn_type: str = "speech",
+                       extra: dict[str, str] | None = None) -> list[str]:
         """Write the turn: the person's message and the answer, in one append."""
-        return self._archive_many(event, result, [(role, reply, turn_type)], extra)
+        return await self._archive_many(event, result, [(role, reply, turn_type)], extra)
 
-    def _archive_many(self, event: Event, result: TurnResult,
-                      replies: list[tuple[str, str, str]],
-                      extra: dict[str, str] | None = None) -> list[str]:
-        tags = {"SKILL": result.skill or "", "BACKEND": result.backend, **(extra or {})}
+    async def _archive_many(self, event: Event, result: TurnResult,
+                            replies: list[tuple[str, str, str]],
+                            extra: dict[str, str] | None = None) -> list[str]:
+        """Archive the turn on the thread's current branch; tell the person when the
+        working context was compressed to make room."""
+        usage = result.usage
+        metrics = {"SKILL": result.skill or "", "BACKEND": result.backend,
+                   "LATENCY_MS": f"{1000 * (time.perf_counter() - result.started):.1f}",
+                   "TOKENS_IN": str(usage.input_tokens if usage else 0),
+                   "TOKENS_OUT": str(usage.output_tokens if usage else 0), **(extra or {})}
         messages = [NewMessage(role="user", text=event.text, thread=event.thread,
                                sender=event.sender, timestamp=event.received_at.timestamp())]
-        messages += [NewMessage(role=role, text=text, thread=event.thread, turn_type=kind,
-                                extra=tags) for role, text, kind in replies]
-        return [record.id for record in self.archive.append(messages)]
+        messages += [NewMessage(role=role, text=text, thread=event.thread, turn_type=kind)
+                     for role, text, kind in replies]
+        records, report = await self.conversations.record_turn(event.thread, messages, metrics)
+        if report is not None:
+            await self._notify(event, f"Context compressed ({report.strategy}): {report.notes}",
+                               result, error=False, heading=False)
+        return [record.id for record in records]
 
     async def aclose(self) -> None:
         await self.backend.aclose()

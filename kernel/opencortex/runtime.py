@@ -9,6 +9,8 @@ from typing import Callable, TextIO
 from opencortex.actuators import ActuatorRegistry, CliActuator, ToolActuator
 from opencortex.actuators.shell import ShellActuator
 from opencortex.config import Config
+from opencortex.conversation.conversations import Conversations
+from opencortex.conversation.summaries import backend_summarizer
 from opencortex.kernel import Kernel
 from opencortex.llm import Backend, make_backend
 from opencortex.memory import Archive
@@ -42,7 +44,10 @@ def build_kernel(config: Config, *, backend: Backend | None = None,
     tools = default_tools()
     actuators = ActuatorRegistry([CliActuator(stream=stream, writer=writer), ToolActuator(tools),
                                   ShellActuator(config.shell, config.home)])
-    return Kernel(config=config, skills=load_skills(config),
-                  backend=backend or make_backend(config), actuators=actuators,
-                  archive=Archive(config.memory_dir), tools=tools,
-                  persona=read_persona(config.persona_file))
+    backend = backend or make_backend(config)
+    archive = Archive(config.memory_dir)
+    summarizer = backend_summarizer(backend) if backend.name not in ("echo", "script") else None
+    conversations = Conversations(archive, config.conversation, summarizer=summarizer)
+    return Kernel(config=config, skills=load_skills(config), backend=backend,
+                  actuators=actuators, archive=archive, tools=tools,
+                  conversations=conversations, persona=read_persona(config.persona_file))

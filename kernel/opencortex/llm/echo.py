@@ -11,12 +11,19 @@ from opencortex.llm.base import Backend, PromptRequest, Usage, estimate_tokens
 ECHO_WARNING = "LLM unavailable, running in echo mode: replies repeat your message."
 
 
+RECALLED_MARK = "[Recalled from earlier conversations"
+
+
 def echo_text(request: PromptRequest, notice: str | None = None) -> str:
     """The reply an echo turn gives: the last user message, prefixed, as an action.
 
     NOTICE (why echo answers instead of the configured model) goes before the message.
+    When recalled memories lead the message (see skills/chat.org), only the
+    person's own words, the last paragraph, are echoed.
     """
     said = request.messages[-1].content
+    if said.startswith(RECALLED_MARK):
+        said = said.rsplit("\n\n", 1)[-1]
     prefix = f"[Echo] ({notice}) " if notice else "[Echo] "
     address = request.reply_to
     if address is None:

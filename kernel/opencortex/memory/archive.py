@@ -29,7 +29,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import quote
@@ -127,7 +127,10 @@ class Archive:
     def append(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
         """Store MESSAGES (one turn) and return their records, in the given order.
 
-        Per thread: one locked, fsynced write; PARENT chains through the batch.
+        Per thread: one locked, fsynced write.  A message's PARENT is, by default
+        ("auto"), the message before it in the batch, or for the first one the
+        last complete entry of the file; an explicit id must name a message
+        already in the same thread (ValueError otherwise, and nothing is written).
         """
         batch = [m if isinstance(m, NewMessage) else NewMessage.model_validate(m)
                  for m in messages]
@@ -137,6 +140,9 @@ class Archive:
         records: list[MessageRecord | None] = [None] * len(batch)
         now = time.time()
         with self._lock:
+            for message in batch:
+                if message.parent is not None and message.parent != "auto":
+                    self._check_parent(message.thread, message.parent)
             for thread, positions in by_thread.items():
                 written = self._append_thread(thread, [batch[p] for p in positions], now)
                 self._index.add((written.file, offset, rec) for offset, rec in written.entries)
@@ -144,6 +150,19 @@ class Archive:
                 for position, (_, rec) in zip(positions, written.entries, strict=True):
                     records[position] = rec
         return records
+
+    def _check_parent(self, thread: Thread, parent: str) -> None:
+        """Refuse an explicit PARENT that is not a message of THREAD (looked up in the index)."""
+        found = self._index.thread_of(parent)
+        if found is None:       # another process may have appended it: catch up, then look again
+            path = self.thread_file(thread)
+            if path.exists():
+                self._catch_up_file(path, self._index.file_sizes().get(self._name(path)))
+                found = self._index.thread_of(parent)
+        if found != thread:
+            where = "is not in the archive" if found is None else "belongs to another thread"
+            raise ValueError(f"parent {parent!r} {where}; a message's parent must be an "
+                             f"earlier message of the same thread ({thread})")
 
     def _append_thread(self, thread: Thread, messages: list[NewMessage],
                        now: float) -> _Written:
@@ -155,6 +174,8 @@ class Archive:
             header = render_header(thread).encode("utf-8") if size == 0 else b""
             records, chunks = [], []
             for message in messages:
+                if message.parent != "auto":
+                    parent = message.parent
                 record = MessageRecord(
                     id=str(uuid.uuid4()), role=message.role, text=message.text,
                     channel=thread.channel, chat_id=thread.chat_id, sender=message.sender,
@@ -200,19 +221,32 @@ class Archive:
             return self._index.history(thread, limit) if limit else []
 
     def search(self, query: str, *, thread: Thread | None = None,
-               limit: int = 10) -> list[SearchHit]:
-        """Messages matching the words of QUERY, best first (BM25), optionally in THREAD.
+               threads: Sequence[Thread] | None = None, limit: int = 10,
+               exclude_ids: Collection[str] = ()) -> list[SearchHit]:
+        """Messages matching the words of QUERY, best first (BM25).
 
-        Any word matches (OR); at most 1000 hits.  Scores are -bm25: higher is better.
+        Any word matches (OR); at most 1000 hits.  Scores are -bm25: higher is
+        better.  With THREAD and/or THREADS, only messages of those threads (both
+        together: their union; an empty THREADS alone: nothing).  Messages whose
+        id is in EXCLUDE_IDS and control records are left out.  Very common words
+        are skipped while rarer ones remain (see `MessageIndex.search`).
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be text, not {type(query).__name__}")
         check_unicode(query, "search query")
-        if thread is not None:
-            thread = check_thread(thread)
+        scope = None
+        if thread is not None or threads is not None:
+            if isinstance(threads, (str, Thread)):
+                raise TypeError("threads must be a sequence of Thread, not one thread; "
+                                "use thread= for one")
+            scope = {check_thread(t) for t in (threads or ())}
+            if thread is not None:
+                scope.add(check_thread(thread))
+        if isinstance(exclude_ids, str):
+            raise TypeError("exclude_ids must be a collection of ids, not one string")
         limit = min(_check_limit(limit), MAX_HITS)
         with self._lock:
-            return self._index.search(query, thread, limit) if limit else []
+            return self._index.search(query, scope, limit, exclude_ids) if limit else []
 
     def read_thread(self, thread: Thread) -> list[MessageRecord]:
         """Every complete message of THREAD, parsed from its org file with orgparse."""

@@ -83,7 +83,12 @@ def check_epoch(value: float) -> float:
 
 
 class NewMessage(BaseModel):
-    """A message the kernel wants remembered (id, parent and time are filled in on append)."""
+    """A message the kernel wants remembered (id and time are filled in on append).
+
+    PARENT defaults to "auto" (the previous message of the same append, or the
+    last complete entry of the thread's file); set it to an id to branch from
+    an earlier message, or to None for a message that follows nothing.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -94,6 +99,18 @@ class NewMessage(BaseModel):
     turn_type: TurnType = "speech"
     timestamp: float | None = None          # epoch seconds; None = now
     extra: dict[str, str] = Field(default_factory=dict)
+    # "auto": the previous message of this append, else the file's last complete entry;
+    # None: no parent; an id: that message, which must already be in the same thread.
+    parent: str | None | Literal["auto"] = "auto"
+
+    @field_validator("parent")
+    @classmethod
+    def _parent_ok(cls, value: str | None) -> str | None:
+        if value is None or value == "auto":
+            return value
+        if value.split() != [value]:
+            raise ValueError(f"parent {value!r} must be a message id (one word), \"auto\" or None")
+        return check_unicode(value, "parent")
 
     @field_validator("text")
     @classmethod

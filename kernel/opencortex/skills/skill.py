@@ -32,7 +32,9 @@ OPTIONS = ("trigger", "probabilistic", "deterministic", "priority", "description
 class SkillContext:
     """Everything a skill may look at during one turn.
 
-    `history` holds the thread's earlier messages, oldest first;
+    `history` holds what the model may see of the thread (its working context:
+    entries with `role`, `text`, `kind`, `turn`), oldest first; `recalled` holds
+    earlier messages of the same owner brought in for this turn;
     `attempt` counts earlier replies asked for in this turn (0 for the first);
     `rejections` holds the reasons earlier replies of this turn were rejected.
     `thread` defaults to the event's thread.
@@ -41,6 +43,7 @@ class SkillContext:
     event: ChatMessage
     thread: Thread | None = None
     history: Sequence[Any] = ()
+    recalled: Sequence[Any] = ()
     persona: str = ""
     config: Mapping[str, Any] = field(default_factory=dict)
     tools: Mapping[str, str] = field(default_factory=dict)

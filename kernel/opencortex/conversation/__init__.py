@@ -1,0 +1,1 @@
+"""Conversations: thread logs with branches, working context, recall and named sessions."""

@@ -1,0 +1,260 @@
+"""Slash commands, the same in every channel (Emacs buffer, terminal, bridges).
+
+A command reads or changes the conversation of the thread it was typed in and
+answers with text for the person.  Changes are written to the archive as
+control records by the thread log, so they survive a restart.  What a command
+shows is a view: never the system prompt.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from opencortex.conversation.conversations import Conversation, Conversations
+
+
+class CommandError(ValueError):
+    """A command was misused; the message says how to use it."""
+
+
+@dataclass
+class CommandInput:
+    """What a command may read besides the conversation."""
+
+    persona: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+Handler = Callable[["Commands", Conversation, list[str], CommandInput], Awaitable[str]]
+USAGE: dict[str, str] = {}
+HANDLERS: dict[str, Handler] = {}
+
+
+def command(name: str, usage: str):
+    """Register a slash command."""
+    def register(handler: Handler) -> Handler:
+        HANDLERS[name] = handler
+        USAGE[name] = usage
+        return handler
+    return register
+
+
+def is_command(text: str) -> bool:
+    """Whether TEXT is a slash command this module knows (so a message like "/etc/x?" is not)."""
+    word = text.strip().split(maxsplit=1)[0].lower() if text.strip() else ""
+    return word.startswith("/") and word[1:] in HANDLERS
+
+
+def _number(argument: str, what: str) -> int:
+    try:
+        value = int(argument)
+    except ValueError:
+        raise CommandError(f"{what} must be a number, not {argument!r}") from None
+    if value < 0:
+        raise CommandError(f"{what} must not be negative")
+    return value
+
+
+class Commands:
+    """Runs slash commands against the conversations of one kernel."""
+
+    def __init__(self, conversations: Conversations):
+        self.conversations = conversations
+
+    async def run(self, conversation: Conversation, text: str,
+                  given: CommandInput | None = None) -> str:
+        try:
+            words = shlex.split(text.strip())
+        except ValueError as error:
+            raise CommandError(f"cannot read the command: {error}") from None
+        name = words[0].lstrip("/").lower()
+        handler = HANDLERS.get(name)
+        if handler is None:
+            raise CommandError(f"unknown command /{name}; /help lists them")
+        return await handler(self, conversation, words[1:], given or CommandInput())
+
+
+def _short(text: str, width: int = 100) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+@command("help", "/help — the commands")
+async def _help(commands: Commands, conv: Conversation, args: list[str],
+                given: CommandInput) -> str:
+    return "\n".join(USAGE[name] for name in sorted(USAGE))
+
+
+@command("history", "/history [n] — the last n turns of this branch (default 10)")
+async def _history(commands: Commands, conv: Conversation, args: list[str],
+                   given: CommandInput) -> str:
+    count = _number(args[0], "n") if args else 10
+    show_thoughts = commands.conversations.settings.show_thoughts
+    turns = conv.log.turns()[-count:] if count else []
+    lines = []
+    for turn in turns:
+        for record in turn.records:
+            if record.turn_type == "thought" and not show_thoughts:
+                continue
+            lines.append(f"{turn.number:>4} {record.role:<9} {_short(record.text)}")
+    return "\n".join(lines) or "No turns on this branch yet."
+
+
+@command("context", "/context — what the model sees now: entries, classes, pressure")
+async def _context(commands: Commands, conv: Conversation, args: list[str],
+                   given: CommandInput) -> str:
+    context = conv.context
+    lines = [f"Branch {conv.log.branch}, strategy {context.strategy}, "
+             f"{context.used}/{context.budget} tokens (pressure {context.pressure:.0%}, "
+             f"{context.state}); the system prompt and persona come first and are not shown."]
+    for row in context.view():
+        lines.append(f"  turn {row['turn']:>4} {row['role']:<9} {row['retention']:<9} "
+                     f"{row['kind']:<8} {row['tokens']:>5} tok  {_short(row['text'], 60)}")
+    if conv.recalled:
+        lines.append("Recalled for the latest turn:")
+        lines += [f"  {_short(entry.text, 90)}" for entry in conv.recalled]
+    if context.last_report is not None:
+        lines.append(f"Last compression: {context.last_report.notes}")
+    return "\n".join(lines)
+
+
+@command("metrics", "/metrics — turns, tokens, cost, latency")
+async def _metrics(commands: Commands, conv: Conversation, args: list[str],
+                   given: CommandInput) -> str:
+    session = conv.session
+    figures = {"state": session.state, "turns": session.turns, "session tokens": session.tokens,
+               **given.metrics}
+    return "\n".join(f"{name}: {value}" for name, value in figures.items())
+
+
+@command("reset", "/reset — start afresh on a new empty branch (nothing is deleted)")
+async def _reset(commands: Commands, conv: Conversation, args: list[str],
+                 given: CommandInput) -> str:
+    name = conv.log.start_afresh() if conv.log.turn_count() else conv.log.branch
+    conv.session.reset()
+    await commands.conversations.refill(conv)
+    return f"Started afresh on branch {name}; earlier turns stay in the archive."
+
+
+@command("fork", "/fork [turn] — a new branch from that turn (default: now)")
+async def _fork(commands: Commands, conv: Conversation, args: list[str],
+                given: CommandInput) -> str:
+    turn = _number(args[0], "turn") if args else None
+    name = conv.log.fork(turn)
+    await commands.conversations.refill(conv)
+    where = f"turn {turn}" if turn is not None else "the latest turn"
+    return f"Forked branch {name} at {where}; you are on it now."
+
+
+@command("rewind", "/rewind N — go back to turn N (later turns stay on their branch)")
+async def _rewind(commands: Commands, conv: Conversation, args: list[str],
+                  given: CommandInput) -> str:
+    if not args:
+        raise CommandError("usage: /rewind N")
+    kept = conv.log.rewind(_number(args[0], "N"))
+    await commands.conversations.refill(conv)
+    later = f"; the later turns are on branch {kept}" if kept else ""
+    return f"Rewound branch {conv.log.branch} to turn {args[0]}{later}."
+
+
+@command("merge", "/merge BRANCH — bring that branch's turns here, without duplicates")
+async def _merge(commands: Commands, conv: Conversation, args: list[str],
+                 given: CommandInput) -> str:
+    if not args:
+        names = ", ".join(sorted(conv.log.branches()))
+        raise CommandError(f"usage: /merge BRANCH (branches: {names})")
+    copied = conv.log.merge(args[0])
+    await commands.conversations.refill(conv)
+    return f"Merged {len(copied)} messages from branch {args[0]} into {conv.log.branch}."
+
+
+async def _pinning(commands: Commands, conv: Conversation, args: list[str], pin: bool) -> str:
+    if not args:
+        raise CommandError(f"usage: /{'pin' if pin else 'unpin'} N")
+    turn = conv.log.turn(_number(args[0], "N"))
+    changed = 0
+    for message_id in turn.ids:
+        changed += conv.log.pin(message_id) if pin else conv.log.unpin(message_id)
+        (conv.context.pin if pin else conv.context.unpin)(message_id)
+    if pin:
+        await commands.conversations.refill(conv)
+    verb = "Pinned" if pin else "Unpinned"
+    return f"{verb} turn {turn.number} ({changed} messages changed)."
+
+
+@command("pin", "/pin N — keep turn N in the context whatever happens (PRESERVED)")
+async def _pin(commands: Commands, conv: Conversation, args: list[str],
+               given: CommandInput) -> str:
+    return await _pinning(commands, conv, args, True)
+
+
+@command("unpin", "/unpin N — let turn N be compressed again")
+async def _unpin(commands: Commands, conv: Conversation, args: list[str],
+                 given: CommandInput) -> str:
+    return await _pinning(commands, conv, args, False)
+
+
+@command("save", "/save [name] — save this conversation (branch and turn) under a name")
+async def _save(commands: Commands, conv: Conversation, args: list[str],
+                given: CommandInput) -> str:
+    name = " ".join(args) or f"{conv.thread.channel}-{conv.thread.chat_id}-{conv.log.branch}"
+    first = conv.log.turns()[0].records[0].text if conv.log.turn_count() else ""
+    commands.conversations.saved.save(name, conv.thread, conv.log.branch, conv.log.head,
+                                      _short(first, 60))
+    return f"Saved as {name!r} (branch {conv.log.branch}, {conv.log.turn_count()} turns)."
+
+
+@command("load", "/load NAME — continue a saved conversation")
+async def _load(commands: Commands, conv: Conversation, args: list[str],
+                given: CommandInput) -> str:
+    if not args:
+        raise CommandError("usage: /load NAME (see /sessions)")
+    name = " ".join(args)
+    saved = commands.conversations.saved.get(name)
+    if saved is None:
+        raise CommandError(f"no saved session named {name!r}; /sessions lists them")
+    if saved.thread != conv.thread:
+        raise CommandError(f"{name!r} belongs to {saved.thread}; load it there (threads never "
+                           "share a conversation)")
+    if saved.branch in conv.log.branches() and conv.log.branches()[saved.branch] == saved.head:
+        conv.log.switch(saved.branch)
+        branch = saved.branch
+    else:
+        branch = conv.log.fork(at=saved.head) if saved.head else conv.log.start_afresh()
+    await commands.conversations.refill(conv)
+    return f"Loaded {name!r}: you are on branch {branch} with {conv.log.turn_count()} turns."
+
+
+@command("sessions", "/sessions [text] — saved sessions (matching text)")
+async def _sessions(commands: Commands, conv: Conversation, args: list[str],
+                    given: CommandInput) -> str:
+    saved = commands.conversations.saved
+    found = saved.search(" ".join(args)) if args else saved.list()
+    return "\n".join(f"{s.name}  ({s.thread}, branch {s.branch})  {s.title}"
+                     for s in found) or "No saved sessions."
+
+
+@command("recall", "/recall QUERY — search your earlier conversations (this owner only)")
+async def _recall(commands: Commands, conv: Conversation, args: list[str],
+                  given: CommandInput) -> str:
+    if not args:
+        raise CommandError("usage: /recall QUERY")
+    found = commands.conversations.recall.recall(conv.thread, " ".join(args), k=10)
+    return "\n".join(_short(entry.text, 140) for entry in found) or "Nothing recalled."
+
+
+@command("persona", "/persona — the persona note the kernel uses")
+async def _persona(commands: Commands, conv: Conversation, args: list[str],
+                   given: CommandInput) -> str:
+    return given.persona or "No persona note is loaded."
+
+
+@command("strategy", "/strategy NAME — sliding, forget, summarize or galois")
+async def _strategy(commands: Commands, conv: Conversation, args: list[str],
+                    given: CommandInput) -> str:
+    if not args:
+        return f"Compression strategy: {conv.context.strategy}."
+    conv.context.set_strategy(args[0])
+    return f"Compression strategy for this session: {args[0]}."

@@ -1,0 +1,138 @@
+"""Conversations: per thread, the log (branches), the working context and the session.
+
+Everything here is rebuilt from the org archive on first use after a start:
+the thread log replays the thread once; the working context is filled from the
+newest messages of the current branch (plus pinned ones), so its cost follows
+the budget, not the length of the thread.  After that each turn only appends.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from opencortex.conversation.compression import CompressionReport
+from opencortex.conversation.context import WorkingContext
+from opencortex.conversation.entries import Entry, default_retention
+from opencortex.conversation.recall import Recall, owner_of
+from opencortex.conversation.saved import SavedSessions
+from opencortex.conversation.session import Session
+from opencortex.conversation.settings import ConversationSettings
+from opencortex.conversation.threadlog import ThreadLog
+from opencortex.events import Thread
+from opencortex.memory import Archive, MessageRecord, NewMessage
+
+log = logging.getLogger(__name__)
+
+WINDOW_MESSAGES = 400  # newest messages of a branch read into a fresh context, at most
+
+
+@dataclass
+class Conversation:
+    """One thread's live state."""
+
+    thread: Thread
+    log: ThreadLog
+    context: WorkingContext
+    session: Session
+    recalled: list[Entry] = field(default_factory=list)  # brought in for the latest turn
+
+
+class Conversations:
+    """The conversations of one kernel, opened lazily, by thread."""
+
+    def __init__(self, archive: Archive, settings: ConversationSettings, *,
+                 summarizer: Any = None):
+        self.archive = archive
+        self.settings = settings
+        self.summarizer = summarizer
+        self.recall = Recall(archive, settings.owners, settings.recall_across_owners)
+        self.saved = SavedSessions(archive.root)
+        self._open: dict[Thread, Conversation] = {}
+
+    def owner(self, thread: Thread) -> str:
+        return owner_of(thread, self.settings.owners)
+
+    async def open(self, thread: Thread) -> Conversation:
+        """The conversation of THREAD, loading it from the archive the first time."""
+        conversation = self._open.get(thread)
+        if conversation is None:
+            thread_log = ThreadLog.load(self.archive, thread)
+            session = Session.from_log(thread_log, max_turns=self.settings.max_turns,
+                                       max_tokens=self.settings.max_tokens)
+            conversation = Conversation(thread, thread_log, self._new_context(), session)
+            await self.refill(conversation)
+            self._open[thread] = conversation
+        return conversation
+
+    def _new_context(self) -> WorkingContext:
+        return WorkingContext.from_settings(self.settings, summarizer=self.summarizer)
+
+    async def refill(self, conversation: Conversation) -> CompressionReport | None:
+        """A fresh working context for the current branch (after a start, fork, rewind, …)."""
+        strategy = conversation.context.strategy
+        context = self._new_context()
+        context.set_strategy(strategy)
+        window = conversation.log.entries(limit=WINDOW_MESSAGES)
+        in_window = {entry.id for entry in window}
+        pinned = [self._pinned(conversation.log.record(message_id))
+                  for message_id in sorted(conversation.log.pins())
+                  if message_id not in in_window and self._on_branch(conversation, message_id)]
+        conversation.context = context
+        entries = [e for e in [*pinned, *window] if self._visible_to_model(e)]
+        return await context.add(*entries) if entries else None
+
+    @staticmethod
+    def _on_branch(conversation: Conversation, message_id: str) -> bool:
+        return conversation.log.turn_of(message_id) is not None
+
+    def _pinned(self, record: MessageRecord) -> Entry:
+        return Entry(id=record.id, role=record.role, text=record.text, turn=0,
+                     turn_type=record.turn_type, retention="PRESERVED")
+
+    @staticmethod
+    def _visible_to_model(entry: Entry) -> bool:
+        """System errors stay in the archive; tool results and approval outcomes are shown."""
+        return entry.role != "system" or entry.kind != "message" or \
+            entry.turn_type in ("action", "yield")
+
+    async def remember(self, thread: Thread, query: str) -> list[Entry]:
+        """Recall for the coming turn: same owner only, nothing already in context."""
+        conversation = await self.open(thread)
+        if self.settings.recall_k <= 0:
+            conversation.recalled = []
+            return []
+        exclude = {entry.id for entry in conversation.context.entries}
+        exclude |= {origin for entry in conversation.context.entries for origin in entry.covers}
+        try:
+            found = self.recall.recall(thread, query, k=self.settings.recall_k,
+                                       exclude_ids=exclude)
+        except ValueError:
+            found = []
+        conversation.recalled = found
+        return found
+
+    async def record_turn(self, thread: Thread, messages: Sequence[NewMessage],
+                          metrics: dict[str, str]) -> tuple[list[MessageRecord],
+                                                            CompressionReport | None]:
+        """Archive one turn on the current branch and add it to the working context."""
+        conversation = await self.open(thread)
+        before = conversation.context.used
+        extra = {**metrics, "CONTEXT_BEFORE": str(before),
+                 "TURN": str(conversation.log.turn_count() + 1)}
+        batch = [m.model_copy(update={"extra": {**m.extra, **extra}}) if m.role != "user" else m
+                 for m in messages]
+        records = conversation.log.append_turn(batch)
+        entries = [Entry(id=r.id, role=r.role, text=r.text,
+                         turn=conversation.log.turn_count(), turn_type=r.turn_type,
+                         retention=default_retention(r.role, r.text, r.turn_type))
+                   for r in records]
+        report = await conversation.context.add(
+            *[e for e in entries if self._visible_to_model(e)])
+        tokens = int(metrics.get("TOKENS_IN", 0) or 0) + int(metrics.get("TOKENS_OUT", 0) or 0)
+        reason = conversation.session.count_turn(tokens, max_turns=self.settings.max_turns,
+                                                 max_tokens=self.settings.max_tokens)
+        if reason:
+            log.info("session %s collapsed", thread)
+        return records, report

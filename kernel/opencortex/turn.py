@@ -1,0 +1,67 @@
+"""What a turn produced, how a frontend follows one, and a thread's running figures."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from opencortex.events import Thread
+from opencortex.llm import Usage
+from opencortex.verification import jsonable
+
+Status = Literal["done", "needs-approval", "rejected", "failed", "no-skill", "aborted"]
+
+
+class TurnObserver:
+    """What a frontend may follow of a turn while it runs (default: nothing)."""
+
+    def on_chunk(self, text: str) -> None:
+        """A streamed piece of the raw model reply."""
+
+    def on_reply_done(self) -> None:
+        """The model finished one reply; verification and actuation follow."""
+
+
+@dataclass
+class TurnResult:
+    """What one turn did, for frontends and `--json`."""
+
+    thread: Thread
+    status: Status
+    backend: str
+    turn_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    text: str | None = None
+    action: dict[str, Any] | None = None
+    skill: str | None = None
+    ids: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    usage: Usage | None = None
+    attempts: int = 0
+    elapsed_s: float = 0.0
+    started: float = 0.0  # perf_counter() when the turn got its thread
+
+    def as_json(self) -> dict[str, Any]:
+        return {"status": self.status, "turn_id": self.turn_id, "text": self.text,
+                "action": jsonable(self.action),
+                "backend": self.backend, "thread": str(self.thread), "skill": self.skill,
+                "ids": self.ids, "warnings": self.warnings, "errors": self.errors,
+                "usage": self.usage.model_dump() if self.usage else None,
+                "attempts": self.attempts, "elapsed_s": round(self.elapsed_s, 6)}
+
+
+@dataclass
+class ThreadStats:
+    """Running figures for a thread's status line."""
+
+    turns: int = 0
+    total_latency_s: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    unpriced_turns: int = 0  # turns whose model has no price: the cost is a lower bound
+
+    @property
+    def average_latency_ms(self) -> float:
+        return 1000 * self.total_latency_s / self.turns if self.turns else 0.0

@@ -1,0 +1,205 @@
+"""Conversations through the kernel: commands, branches, restarts, compression, isolation."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from opencortex.config import load_config
+from opencortex.events import Thread, chat_message
+from opencortex.llm import EchoBackend
+from opencortex.runtime import build_kernel
+
+from conftest import RecordingActuator
+
+CLI = Thread("cli", "local")
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=60))
+
+
+class Recording(EchoBackend):
+    """Echo, keeping every prompt it was sent, by thread."""
+
+    def __init__(self):
+        super().__init__()
+        self.prompts: list[tuple[Thread, object]] = []
+
+    async def stream(self, request):
+        self.prompts.append((Thread(request.reply_to.channel, request.reply_to.chat_id), request))
+        async for item in super().stream(request):
+            yield item
+
+
+def kernel_for(home, backend=None, **conversation):
+    if conversation:
+        lines = "\n".join(f"{key} = {value!r}".replace("'", '"') for key, value in
+                          conversation.items())
+        (home / "config.toml").write_text(f"[conversation]\n{lines}\n")
+    printed: list[str] = []
+    kernel = build_kernel(load_config(home), backend=backend or EchoBackend(),
+                          writer=printed.append)
+    frontends = RecordingActuator("emacs", "telegram", "signal", "matrix")
+    kernel.actuators.register(frontends)
+    return kernel, printed, frontends
+
+
+async def say(kernel, text, channel="cli", chat_id="local"):
+    return await kernel.handle(chat_message(text, channel, chat_id))
+
+
+def test_commands_answer_on_the_channel_and_are_not_archived_as_turns(home):
+    kernel, printed, _ = kernel_for(home)
+
+    async def scenario():
+        for text in ("first question", "second question", "third question"):
+            await say(kernel, text)
+        history = await say(kernel, "/history 2")
+        context = await say(kernel, "/context")
+        helps = await say(kernel, "/help")
+        return history, context, helps
+
+    history, context, helps = run(scenario())
+    assert history.status == "done" and "second question" in history.text
+    assert "first question" not in history.text
+    assert "pressure" in context.text and "REQUIRED" in context.text
+    assert "ACTUATOR IDENTITY" not in context.text  # a view, never the prompt
+    for name in ("/history", "/context", "/metrics", "/reset", "/fork", "/rewind", "/merge",
+                 "/pin", "/unpin", "/save", "/load", "/sessions", "/recall", "/persona",
+                 "/strategy", "/help"):
+        assert name in helps.text
+    users = [r.text for r in kernel.archive.read_thread(CLI) if r.role == "user"]
+    assert users == ["first question", "second question", "third question"]
+
+
+def test_fork_rewind_merge_and_restart(home):
+    kernel, printed, _ = kernel_for(home)
+
+    async def build():
+        for text in ("one", "two", "three"):
+            await say(kernel, text)
+        assert "Forked branch b2 at turn 1" in (await say(kernel, "/fork 1")).text
+        await say(kernel, "two prime")
+        assert "b2" in (await say(kernel, "/context")).text
+        merged = await say(kernel, "/merge main")
+        return merged
+
+    merged = run(build())
+    assert "Merged" in merged.text
+    history = run(say(kernel, "/history 10")).text
+    assert history.count("user      one") == 1  # the shared turn is not duplicated
+    assert "two prime" in history and "three" in history
+    run(kernel.aclose())
+
+    again, _, _ = kernel_for(home)
+    assert run(say(again, "/history 10")).text == history  # rebuilt from the org archive
+    rewound = run(say(again, "/rewind 1")).text
+    assert "Rewound" in rewound
+    assert run(say(again, "/history 10")).text.count("\n") == 1  # just turn 1: two lines
+    run(again.aclose())
+
+
+def test_pin_keeps_a_turn_through_compression_and_the_person_is_told(home):
+    kernel, printed, _ = kernel_for(home, budget=300, threshold=0.8, target=0.5)
+    facts = "The launch code is 4471 and the rendezvous is at dock nine"
+
+    async def scenario():
+        await say(kernel, facts)
+        assert "Pinned turn 1" in (await say(kernel, "/pin 1")).text
+        for i in range(30):
+            await say(kernel, f"filler message number {i} with a few more words to take room")
+        conversation = await kernel.conversations.open(CLI)
+        return conversation
+
+    conversation = run(scenario())
+    assert any("Context compressed" in line for line in printed)
+    assert conversation.context.pressure <= 0.8
+    texts = [entry.text for entry in conversation.context.entries]
+    assert facts in texts and "[Echo] " + facts in texts
+    assert all(e.retention == "PRESERVED" for e in conversation.context.entries
+               if e.text in (facts, "[Echo] " + facts))
+
+
+def test_a_session_collapses_at_its_turn_limit_and_reset_revives_it(home):
+    kernel, printed, _ = kernel_for(home, max_turns=2)
+
+    async def scenario():
+        await say(kernel, "a")
+        await say(kernel, "b")
+        blocked = await say(kernel, "c")
+        reset = await say(kernel, "/reset")
+        after = await say(kernel, "d")
+        return blocked, reset, after
+
+    blocked, reset, after = run(scenario())
+    assert blocked.status == "failed" and "collapsed" in blocked.errors[0]
+    assert any("collapsed" in p and "/reset" in p for p in printed)
+    assert "afresh" in reset.text and after.status == "done"
+
+
+def test_the_view_for_frontends_has_no_prompt(home):
+    kernel, _, _ = kernel_for(home)
+    run(say(kernel, "hello", "emacs", "main"))
+    view = run(kernel.view(Thread("emacs", "main")))
+    assert view["turn"] == 1 and view["can-send"] is True and view["session"] == "ready"
+    assert 0 < view["context-percent"] < 100
+    assert not any("ACTUATOR" in str(value) or "opencortex, a personal" in str(value)
+                   for value in view.values())
+
+
+def test_recall_is_visible_and_marked_in_the_prompt(home):
+    backend = Recording()
+    kernel, _, _ = kernel_for(home, backend)
+
+    async def scenario():
+        await say(kernel, "the wifi password is zebra-crossing-42", "emacs", "main")
+        await say(kernel, "what was the wifi password?", "cli", "local")
+
+    run(scenario())
+    _, request = backend.prompts[-1]
+    first = request.messages[0].content
+    assert first.startswith("[Recalled from earlier conversations")
+    assert "zebra-crossing-42" in first
+    context = run(say(kernel, "/context")).text
+    assert "Recalled for the latest turn" in context and "zebra-crossing-42" in context
+
+
+OWNERS = {Thread("telegram", "1001"): "telegram:1001", Thread("telegram", "1002"): "telegram:1002",
+          Thread("telegram", "-100500"): "telegram:-100500", Thread("emacs", "main"): "local",
+          Thread("cli", "local"): "local"}
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(sorted(OWNERS, key=str)), min_size=2, max_size=10))
+def test_no_thread_leaks_into_another_except_same_owner_recall(tmp_path_factory, order):
+    home = tmp_path_factory.mktemp("home")
+    backend = Recording()
+    kernel, _, _ = kernel_for(home, backend)
+    canaries: dict[str, Thread] = {}
+
+    async def scenario():
+        for index, thread in enumerate(order):
+            canary = f"canary{index}x{abs(hash(thread)) % 997}"
+            canaries[canary] = thread
+            await say(kernel, f"remember {canary} please", thread.channel, thread.chat_id)
+            await say(kernel, f"what do you remember about canary{index}x", thread.channel,
+                      thread.chat_id)
+        await kernel.aclose()
+
+    run(scenario())
+    recalled_into: dict[Thread, set[str]] = {}
+    for thread, request in backend.prompts:
+        seen = recalled_into.setdefault(thread, set())
+        for position, message in enumerate(request.messages):
+            for canary, origin in canaries.items():
+                if origin == thread or canary not in message.content:
+                    continue
+                assert OWNERS[origin] == OWNERS[thread], (canary, origin, thread)
+                if position == 0 and message.content.startswith("[Recalled"):
+                    seen.add(canary)
+                else:  # only what recall brought into this thread before
+                    assert canary in seen, (canary, origin, thread)
+        assert not any(canary in request.system for canary in canaries)

@@ -1,0 +1,286 @@
+"""Recall scoped by owner, and the archive's search over several threads."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opencortex.conversation.entries import Entry
+from opencortex.conversation.recall import LOCAL_OWNER, Recall, owner_of, recall_query
+from opencortex.events import Thread
+from opencortex.memory import Archive, NewMessage
+from opencortex.memory import index as index_module
+
+CLI = Thread("cli", "local")
+EMACS = Thread("emacs", "main")
+ALICE = Thread("telegram", "1001")          # a Telegram user
+BOB = Thread("telegram", "1002")            # another Telegram user
+GROUP = Thread("telegram", "-100777")       # a Telegram group
+ROOM = Thread("matrix", "!room:example.org")
+THREADS = (CLI, EMACS, ALICE, BOB, GROUP, ROOM)
+
+
+@pytest.fixture
+def archive(tmp_path):
+    with Archive(tmp_path / "memory") as opened:
+        yield opened
+
+
+def say(text: str, thread: Thread, role: str = "user", **fields) -> NewMessage:
+    return NewMessage(role=role, text=text, thread=thread, **fields)
+
+
+def control(thread: Thread, target: str, text: str) -> NewMessage:
+    """A control record as the thread log writes them (branch/head/pin bookkeeping)."""
+    return NewMessage(role="system", text=text, thread=thread, turn_type="silence",
+                      parent=None, extra={"CONTROL": "pin", "TARGET": target, "BRANCH": "main"})
+
+
+# -- owners -------------------------------------------------------------------------
+
+
+def test_owner_is_the_configured_name_else_local_else_the_thread():
+    assert owner_of(CLI, {}) == owner_of(EMACS, {}) == LOCAL_OWNER == "local"
+    assert owner_of(Thread("emacs", "notes"), {}) == "local"
+    assert owner_of(ALICE, {}) == "telegram:1001"
+    assert owner_of(GROUP, {}) == "telegram:-100777"
+    assert owner_of(ROOM, {}) == "matrix:!room:example.org"
+    owners = {"telegram:1001": "alice", "signal:+4912345": "local"}
+    assert owner_of(ALICE, owners) == "alice"
+    assert owner_of(Thread("signal", "+4912345"), owners) == "local"
+    assert owner_of(BOB, owners) == "telegram:1002"
+    assert owner_of(CLI, {"cli:local": "me"}) == "me"
+
+
+def test_threads_of_groups_the_archive_by_owner(archive):
+    for thread in THREADS:
+        archive.append([say(f"hello from {thread}", thread)])
+    recall = Recall(archive, {"telegram:1002": "local"})
+    assert recall.threads_of("local") == sorted([CLI, EMACS, BOB])
+    assert recall.threads_of("telegram:1001") == [ALICE]
+    assert recall.threads_of("telegram:-100777") == [GROUP]
+    assert recall.threads_of("nobody") == []
+
+
+def age(root: Path) -> None:
+    """Make the archive's directories look untouched for an hour."""
+    hour_ago = time.time() - 3600
+    for directory in [root, *(p for p in root.iterdir() if p.is_dir())]:
+        os.utime(directory, (hour_ago, hour_ago))
+
+
+def test_threads_of_notices_a_new_thread_without_rereading_otherwise(archive, monkeypatch):
+    archive.append([say("first", CLI)])
+    recall = Recall(archive, {})
+    calls = []
+    real = archive.threads
+    monkeypatch.setattr(archive, "threads", lambda: calls.append(1) or real())
+    assert recall.threads_of("local") == [CLI]       # directories just changed: not trusted
+    assert len(calls) == 1
+    archive.append([say("second", EMACS)])
+    assert recall.threads_of("local") == [CLI, EMACS]
+    age(archive.root)
+    recall.threads_of("local")
+    calls.clear()
+    assert recall.threads_of("local") == [CLI, EMACS]
+    recall.recall(CLI, "first")
+    assert calls == []                               # nothing changed: nothing re-read
+    archive.append([say("third", Thread("cli", "other"))])
+    assert recall.threads_of("local") == [CLI, Thread("cli", "other"), EMACS]
+    assert len(calls) == 1
+
+
+# -- recall -------------------------------------------------------------------------
+
+
+def test_recall_brings_back_same_owner_messages_marked_as_recalled(archive):
+    stamp = datetime(2026, 11, 2, 15, 30).timestamp()
+    [fact] = archive.append([say("the staging database listens on port 5433", CLI,
+                                 timestamp=stamp)])
+    archive.append([say("unrelated talk about gardening", CLI)])
+    entries = Recall(archive, {}).recall(EMACS, "which port does the staging database use?")
+    assert entries == [Entry(
+        id=fact.id, role="user", turn=0, retention="DROPPABLE", kind="recalled",
+        text="[recalled from cli:local, 2026-11-02, user] "
+             "the staging database listens on port 5433")]
+    assert entries[0].tokens > 0
+
+
+def test_recall_never_crosses_owners_unless_shared(archive):
+    archive.append([say("deploy key rotation schedule", CLI)])
+    archive.append([say("deploy party on friday", GROUP)])
+    archive.append([say("deploy my cat pictures", ALICE)])
+    recall = Recall(archive, {})
+    assert [e.text.split("] ")[1] for e in recall.recall(GROUP, "deploy")] == [
+        "deploy party on friday"]
+    assert [e.text.split("] ")[1] for e in recall.recall(ALICE, "deploy")] == [
+        "deploy my cat pictures"]
+    assert [e.text.split("] ")[1] for e in recall.recall(BOB, "deploy")] == []
+    assert [e.text.split("] ")[1] for e in recall.recall(EMACS, "deploy")] == [
+        "deploy key rotation schedule"]
+    shared = Recall(archive, {}, shared_owners=["local"])
+    assert sorted(e.text.split("] ")[1] for e in shared.recall(GROUP, "deploy")) == [
+        "deploy key rotation schedule", "deploy party on friday"]
+    assert sorted(e.text.split("] ")[1] for e in shared.recall(EMACS, "deploy")) == [
+        "deploy key rotation schedule"]
+
+
+def test_recall_honours_k_exclusions_and_empty_queries(archive):
+    records = archive.append([say(f"kiwi fact number {i}", CLI) for i in range(8)])
+    recall = Recall(archive, {})
+    assert len(recall.recall(CLI, "kiwi", k=3)) == 3
+    assert recall.recall(CLI, "kiwi", k=0) == []
+    assert recall.recall(CLI, "   ") == []
+    kept = {e.id for e in recall.recall(CLI, "kiwi", k=8, exclude_ids=[r.id for r in records[:5]])}
+    assert kept == {r.id for r in records[5:]}
+
+
+def test_recall_leaves_out_function_words_and_control_records(archive):
+    [note] = archive.append([say("what is the plan for the launch", CLI)])
+    archive.append([say("what is it", CLI)])
+    archive.append([control(CLI, note.id, "Pinned the launch message")])
+    texts = [e.text for e in Recall(archive, {}).recall(CLI, "what is the launch?")]
+    assert len(texts) == 1 and texts[0].endswith("what is the plan for the launch")
+    assert recall_query("what is the launch?") == "launch?"
+    assert recall_query("what is it") == "what is it"
+
+
+def test_long_recalled_messages_are_cut(archive):
+    archive.append([say("marker " + "x" * 5000, CLI)])
+    [entry] = Recall(archive, {}, max_chars=100).recall(CLI, "marker")
+    assert entry.text.endswith(" …") and len(entry.text) < 200
+
+
+def test_recall_survives_a_restart(tmp_path):
+    with Archive(tmp_path / "memory") as archive:
+        archive.append([say("persistent walrus fact", CLI), say("walrus in a group", GROUP)])
+    with Archive(tmp_path / "memory") as archive:
+        texts = [e.text for e in Recall(archive, {}).recall(EMACS, "walrus")]
+    assert len(texts) == 1 and texts[0].endswith("persistent walrus fact")
+
+
+# -- the canary property --------------------------------------------------------------
+
+OWNERS = {"signal:+4900": "local"}          # a bridge thread the owner mapped to himself
+CANARY_THREADS = (CLI, EMACS, ALICE, BOB, GROUP, ROOM, Thread("signal", "+4900"))
+FILLER = ("project meeting notes", "budget and launch plan", "see you at the meeting")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plan=st.lists(st.tuples(st.sampled_from(CANARY_THREADS), st.sampled_from(FILLER),
+                               st.booleans()), min_size=1, max_size=20),
+       shared=st.booleans())
+def test_recall_never_returns_another_owners_canary(plan, shared):
+    """Two Telegram users, a group, a Matrix room and the local user (Emacs, terminal and a
+    Signal chat mapped to them) write canaries in any order; recall never crosses owners."""
+    shared_owners = ["telegram:-100777"] if shared else []
+    with tempfile.TemporaryDirectory() as tmp, Archive(Path(tmp) / "memory") as archive:
+        canaries: dict[str, Thread] = {}
+        for n, (thread, filler, with_reply) in enumerate(plan):
+            canary = f"canary{n:03d}"
+            canaries[canary] = thread
+            messages = [say(f"{filler} {canary}", thread)]
+            if with_reply:                       # a reply sharing the words, without the canary
+                messages.append(say(f"noted: {filler}", thread, role="assistant"))
+            archive.append(messages)
+        recall = Recall(archive, OWNERS, shared_owners)
+
+        def visible(asking: Thread, origin: Thread) -> bool:
+            return (owner_of(origin, OWNERS) == owner_of(asking, OWNERS)
+                    or owner_of(origin, OWNERS) in shared_owners)
+
+        for asking in CANARY_THREADS:
+            own = {c for c, origin in canaries.items() if visible(asking, origin)}
+            for canary in canaries:
+                found = recall.recall(asking, f"{canary} {FILLER[0]}", k=5)
+                leaked = {c for c in canaries if any(c in e.text for e in found)} - own
+                assert not leaked, f"{asking} recalled {leaked}"
+                exact = recall.recall(asking, canary, k=1)
+                if canary in own:
+                    assert len(exact) == 1 and exact[0].text.endswith(canary)
+                else:
+                    assert exact == []
+            everything = " ".join(list(canaries) + list(FILLER))   # <= 32 words after stopwords
+            texts = " ".join(e.text for e in recall.recall(asking, everything, k=len(plan) * 2))
+            assert {c for c in canaries if c in texts} == own
+
+
+# -- the archive's search over several threads -----------------------------------------
+
+
+def test_search_over_several_threads(archive):
+    for thread in (CLI, EMACS, ALICE, GROUP):
+        archive.append([say(f"otter sighting in {thread}", thread)])
+
+    def where(**scope) -> set[Thread]:
+        return {hit.thread for hit in archive.search("otter", **scope)}
+
+    assert where() == {CLI, EMACS, ALICE, GROUP}
+    assert where(threads=[CLI, EMACS]) == {CLI, EMACS}
+    assert where(threads=[ALICE], thread=GROUP) == {ALICE, GROUP}
+    assert where(threads=[BOB]) == set()
+    assert where(threads=[]) == set()
+    assert where(thread=EMACS) == {EMACS}
+    with pytest.raises(TypeError, match="thread="):
+        archive.search("otter", threads=CLI)
+    with pytest.raises(ValueError, match="channel"):
+        archive.search("otter", threads=[Thread("Bad Channel", "x")])
+
+
+def test_search_excludes_ids_and_still_fills_the_limit(archive):
+    records = archive.append([say(f"heron {i}", CLI) for i in range(6)])
+    excluded = [r.id for r in records[:4]]
+    hits = archive.search("heron", limit=2, exclude_ids=excluded)
+    assert len(hits) == 2 and not {h.id for h in hits} & set(excluded)
+    with pytest.raises(TypeError):
+        archive.search("heron", exclude_ids=records[0].id)
+
+
+def test_control_records_are_never_found(archive):
+    [message] = archive.append([say("a message about llamas", CLI)])
+    archive.append([control(CLI, message.id, "Pinned the llamas message")])
+    assert [h.id for h in archive.search("llamas")] == [message.id]
+    assert archive.search("pinned") == []
+    archive.reindex()
+    assert archive.search("pinned") == []
+
+
+def test_search_words_match_the_text_not_the_thread_column(archive):
+    archive.append([say("plain words", CLI)])
+    token = index_module.thread_token(CLI)
+    assert archive.search(token) == []
+
+
+def test_very_common_words_are_left_out_while_rarer_ones_remain(archive, monkeypatch):
+    monkeypatch.setattr(index_module, "COMMON_DOCS", 3)
+    archive.append([say(f"the weather report {i}", CLI) for i in range(6)])
+    [rare] = archive.append([say("the zebra crossing", CLI)])
+    assert [h.id for h in archive.search("the zebra")] == [rare.id]
+    newest = archive.search("the", limit=3)        # only common words: the newest matches
+    assert [h.text for h in newest] == ["the zebra crossing", "the weather report 5",
+                                        "the weather report 4"]
+    assert [h.text for h in archive.search("the", thread=EMACS)] == []
+
+
+def test_a_ranked_search_past_its_time_limit_falls_back_to_newest_matches(archive, monkeypatch):
+    archive.append([say(f"owl number {i}", CLI) for i in range(30)])
+    archive.append([say("owl elsewhere", GROUP)])
+    monkeypatch.setattr(index_module, "SEARCH_TIME_LIMIT", -1.0)   # already past
+    monkeypatch.setattr(index_module, "PROGRESS_STEPS", 1)
+    hits = archive.search("owl", thread=CLI, limit=3)
+    assert [h.text for h in hits] == ["owl number 29", "owl number 28", "owl number 27"]
+
+
+def test_only_the_rarest_words_within_the_match_budget_are_ranked(archive, monkeypatch):
+    monkeypatch.setattr(index_module, "MATCH_BUDGET", 2)
+    [rare] = archive.append([say("alpha and beta", CLI)])
+    archive.append([say(f"beta number {i}", CLI) for i in range(3)])
+    assert [h.id for h in archive.search("beta alpha")] == [rare.id]
+    assert len(archive.search("beta")) == 4          # the rarest word is always kept
