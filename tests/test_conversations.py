@@ -203,3 +203,20 @@ def test_no_thread_leaks_into_another_except_same_owner_recall(tmp_path_factory,
                 else:  # only what recall brought into this thread before
                     assert canary in seen, (canary, origin, thread)
         assert not any(canary in request.system for canary in canaries)
+
+
+def test_saved_sessions_belong_to_their_owner(home):
+    kernel, printed, _ = kernel_for(home)
+
+    async def scenario():
+        await say(kernel, "plans for the garden")
+        saved = await say(kernel, "/save garden")
+        mine = await say(kernel, "/sessions", "emacs", "main")      # same owner: local
+        theirs = await say(kernel, "/sessions", "telegram", "42")   # another owner
+        stolen = await say(kernel, "/load garden", "telegram", "42")
+        return saved, mine, theirs, stolen
+
+    saved, mine, theirs, stolen = run(scenario())
+    assert "Saved as 'garden'" in saved.text
+    assert "garden" in mine.text
+    assert "garden" not in (theirs.text or "") and stolen.status == "failed"

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -58,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--thread", default="cli:local",
                       help="thread as CHANNEL:CHAT-ID or a chat id on cli (default cli:local)")
     chat.add_argument("--json", action="store_true", help="print the turn as one JSON object")
+    chat.add_argument("--session", metavar="NAME",
+                      help="continue the saved session NAME (see /sessions) before chatting")
     _backend_options(chat)
 
     skills = sub.add_parser("skills", parents=[common], help="list the loaded skills")
@@ -110,6 +113,8 @@ async def _chat_once(config: Config, args: argparse.Namespace, thread: Thread) -
         if not args.json:
             for warning in _startup_warnings(kernel):
                 print(f"warning: {warning}", file=sys.stderr)
+        if args.session:
+            await kernel.run_command(thread, f"/load {shlex.quote(args.session)}")
         event = chat_message(args.message, thread.channel, thread.chat_id)
         result = await kernel.handle(event)
     finally:
@@ -129,10 +134,13 @@ def _startup_warnings(kernel: Any) -> list[str]:
     return warnings
 
 
-async def _chat_loop(config: Config, thread: Thread) -> int:
+async def _chat_loop(config: Config, thread: Thread, session: str | None) -> int:
     from opencortex.runtime import build_kernel
     kernel = build_kernel(config)
     try:
+        if session:
+            print(await kernel.run_command(thread, f"/load {shlex.quote(session)}"),
+                  file=sys.stderr)
         for warning in _startup_warnings(kernel):
             print(f"warning: {warning}", file=sys.stderr)
         print(f"opencortex {__version__} — thread {thread}, backend {kernel.backend.name}. "
@@ -165,7 +173,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     thread = Thread.parse(args.thread)
     if args.message is not None:
         return asyncio.run(_chat_once(config, args, thread))
-    return asyncio.run(_chat_loop(config, thread))
+    return asyncio.run(_chat_loop(config, thread, args.session))
 
 
 def cmd_skills(args: argparse.Namespace) -> int:

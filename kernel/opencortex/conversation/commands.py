@@ -202,7 +202,8 @@ async def _save(commands: Commands, conv: Conversation, args: list[str],
     name = " ".join(args) or f"{conv.thread.channel}-{conv.thread.chat_id}-{conv.log.branch}"
     first = conv.log.turns()[0].records[0].text if conv.log.turn_count() else ""
     commands.conversations.saved.save(name, conv.thread, conv.log.branch, conv.log.head,
-                                      _short(first, 60))
+                                      _short(first, 60),
+                                      owner=commands.conversations.owner(conv.thread))
     return f"Saved as {name!r} (branch {conv.log.branch}, {conv.log.turn_count()} turns)."
 
 
@@ -212,7 +213,8 @@ async def _load(commands: Commands, conv: Conversation, args: list[str],
     if not args:
         raise CommandError("usage: /load NAME (see /sessions)")
     name = " ".join(args)
-    saved = commands.conversations.saved.get(name)
+    saved = commands.conversations.saved.get(
+        name, owner=commands.conversations.owner(conv.thread))
     if saved is None:
         raise CommandError(f"no saved session named {name!r}; /sessions lists them")
     if saved.thread != conv.thread:
@@ -231,7 +233,8 @@ async def _load(commands: Commands, conv: Conversation, args: list[str],
 async def _sessions(commands: Commands, conv: Conversation, args: list[str],
                     given: CommandInput) -> str:
     saved = commands.conversations.saved
-    found = saved.search(" ".join(args)) if args else saved.list()
+    owner = commands.conversations.owner(conv.thread)
+    found = saved.search(" ".join(args), owner=owner) if args else saved.list(owner=owner)
     return "\n".join(f"{s.name}  ({s.thread}, branch {s.branch})  {s.title}"
                      for s in found) or "No saved sessions."
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from opencortex.conversation.compression import CompressionReport
 from opencortex.conversation.context import WorkingContext
-from opencortex.conversation.entries import Entry, default_retention
+from opencortex.conversation.entries import Entry, count_tokens, default_retention
 from opencortex.conversation.recall import Recall, owner_of
 from opencortex.conversation.saved import SavedSessions
 from opencortex.conversation.session import Session
@@ -48,7 +48,7 @@ class Conversations:
         self.settings = settings
         self.summarizer = summarizer
         self.recall = Recall(archive, settings.owners, settings.recall_across_owners)
-        self.saved = SavedSessions(archive.root)
+        self.saved = SavedSessions(archive.root, owners=settings.owners, archive=archive)
         self._open: dict[Thread, Conversation] = {}
 
     def owner(self, thread: Thread) -> str:
@@ -119,7 +119,10 @@ class Conversations:
         """Archive one turn on the current branch and add it to the working context."""
         conversation = await self.open(thread)
         before = conversation.context.used
-        extra = {**metrics, "CONTEXT_BEFORE": str(before),
+        added = sum(count_tokens(m.text) for m in messages
+                    if self._visible_to_model(Entry(id="-", role=m.role, text=m.text, turn=0,
+                                                    turn_type=m.turn_type)))
+        extra = {**metrics, "CONTEXT_BEFORE": str(before), "CONTEXT_AFTER": str(before + added),
                  "TURN": str(conversation.log.turn_count() + 1)}
         batch = [m.model_copy(update={"extra": {**m.extra, **extra}}) if m.role != "user" else m
                  for m in messages]

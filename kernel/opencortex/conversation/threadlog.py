@@ -76,9 +76,10 @@ class ThreadLog:
 
     @classmethod
     def load(cls, archive: Archive, thread: Thread) -> ThreadLog:
-        """Read THREAD's org file once and rebuild its graph, branches, head and pins."""
+        """Read THREAD once (from the index, kept in step with its org file) and rebuild
+        its graph, branches, head and pins."""
         log = cls(archive, thread)
-        for record in archive.read_thread(log.thread):
+        for record in archive.thread_records(log.thread):
             log._apply(record)
         return log
 

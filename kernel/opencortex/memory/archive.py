@@ -220,6 +220,16 @@ class Archive:
         with self._lock:
             return self._index.history(thread, limit) if limit else []
 
+    def thread_records(self, thread: Thread) -> list[MessageRecord]:
+        """Every message of THREAD in file order, from the index (fast; the index is
+        brought up to date with the org file first, which stays the ground truth)."""
+        thread = check_thread(thread)
+        path = self.thread_file(thread)
+        with self._lock:
+            if path.exists():
+                self._catch_up_file(path, self._index.file_sizes().get(self._name(path)))
+            return self._index.thread_records(thread)
+
     def search(self, query: str, *, thread: Thread | None = None,
                threads: Sequence[Thread] | None = None, limit: int = 10,
                exclude_ids: Collection[str] = ()) -> list[SearchHit]:

@@ -232,6 +232,13 @@ class MessageIndex:
             "ORDER BY offset DESC LIMIT ?", (thread.channel, thread.chat_id, limit)).fetchall()
         return [MessageRecord(**_record(row)) for row in reversed(rows)]
 
+    def thread_records(self, thread: Thread) -> list[MessageRecord]:
+        """All messages of THREAD, in file order."""
+        rows = self._db.execute(
+            f"SELECT {_COLUMNS} FROM messages WHERE channel = ? AND chat_id = ? ORDER BY offset",
+            (thread.channel, thread.chat_id)).fetchall()
+        return [MessageRecord(**_record(row)) for row in rows]
+
     def search(self, query: str, threads: Collection[Thread] | None, limit: int,
                exclude_ids: Collection[str] = ()) -> list[SearchHit]:
         """Best BM25 matches for the words of QUERY (any word), optionally only in THREADS.
