@@ -276,26 +276,21 @@ class ThreadLog:
 
         The new branch ("b2", "b3", …) becomes current; its name is returned.
         """
-        if at is not None:
-            target = self.record(at).id
-        else:
-            target = self._target_of_turn(turn)
-        name = self._state.next_name()
-        where = self._describe(target)
-        self._write([
-            control_message(self.thread, "branch", target=target, branch=name,
-                            text=f"Forked branch {name} at {where}"),
-            control_message(self.thread, "head", target=target, branch=name,
-                            text=f"Switched to branch {name}")])
-        return name
+        target = self.record(at).id if at is not None else self._target_of_turn(turn)
+        return self._new_branch(target, f"Forked branch {{name}} at {self._describe(target)}")
 
     def start_afresh(self) -> str:
         """A new, empty branch (nothing before it) that becomes current; its name."""
+        return self._new_branch(None, "Started branch {name} afresh")
+
+    def _new_branch(self, target: str | None, description: str) -> str:
+        """Create the next branch with its tip at TARGET and make it current.
+        DESCRIPTION, with {name} for the branch's name, is the archive's line for it."""
         name = self._state.next_name()
         self._write([
-            control_message(self.thread, "branch", target=None, branch=name,
-                            text=f"Started branch {name} afresh"),
-            control_message(self.thread, "head", target=None, branch=name,
+            control_message(self.thread, "branch", target=target, branch=name,
+                            text=description.format(name=name)),
+            control_message(self.thread, "head", target=target, branch=name,
                             text=f"Switched to branch {name}")])
         return name
 
