@@ -122,9 +122,15 @@ async def _chat_once(config: Config, args: argparse.Namespace, thread: Thread) -
     if args.json:
         _print_json(result.as_json())
     else:
+        _print_unshown_errors(result)
+    return EXIT_OK if result.status == "done" else EXIT_FAILED
+
+
+def _print_unshown_errors(result: Any) -> None:
+    """The terminal actuator already showed errors of a cli thread; others were not shown."""
+    if result.thread.channel != "cli":
         for error in result.errors:
             print(f"error: {error}", file=sys.stderr)
-    return EXIT_OK if result.status == "done" else EXIT_FAILED
 
 
 def _startup_warnings(kernel: Any) -> list[str]:
@@ -162,8 +168,7 @@ async def _chat_loop(config: Config, thread: Thread, session: str | None) -> int
                     print(f"warning: {error}", file=sys.stderr)
                 continue
             result = await kernel.handle(chat_message(line, thread.channel, thread.chat_id))
-            for error in result.errors:
-                print(f"error: {error}", file=sys.stderr)
+            _print_unshown_errors(result)
     finally:
         await kernel.aclose()
 

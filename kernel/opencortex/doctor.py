@@ -24,7 +24,8 @@ class Check:
 
 
 PYTHON_DEPS = (("hy", "hy"), ("hyrule", "hyrule"), ("sexpdata", "sexpdata"),
-               ("orgparse", "orgparse"), ("pydantic", "pydantic"))
+               ("orgparse", "orgparse"), ("pydantic", "pydantic"), ("epc", "epc"),
+               ("anthropic", "anthropic"), ("openai", "openai"))
 
 
 def _python_dependency(module: str, distribution: str) -> Check:
