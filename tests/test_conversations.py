@@ -220,3 +220,18 @@ def test_saved_sessions_belong_to_their_owner(home):
     assert "Saved as 'garden'" in saved.text
     assert "garden" in mine.text
     assert "garden" not in (theirs.text or "") and stolen.status == "failed"
+
+
+def test_the_system_prompt_is_byte_identical_across_turns(home):
+    backend = Recording()
+    kernel, _, _ = kernel_for(home, backend)
+
+    async def scenario():
+        await say(kernel, "first, about the garden")
+        await say(kernel, "second, about the garden again")
+        await say(kernel, "/fork 1")
+        await say(kernel, "third, on a branch")
+
+    run(scenario())
+    systems = {request.system for _, request in backend.prompts}
+    assert len(backend.prompts) == 3 and len(systems) == 1
