@@ -125,7 +125,7 @@ def test_a_message_from_the_buffer_gets_the_echo_reply_and_is_archived(tmp_path,
 (e2e-send "hello from emacs")
 (unless (e2e-contains "* [Echo] hello from emacs") (e2e-fail "no echo reply"))
 """)
-    assert buffer.count("* [Echo] hello from emacs") == 1
+    assert buffer.count("* [Echo] hello from emacs\n") == 1
     assert "hello from emacs" in buffer.split("* [Echo]")[0]
     archive = driver.archive()
     assert "\nhello from emacs\n" in archive

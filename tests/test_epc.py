@@ -185,9 +185,9 @@ def test_send_message_acknowledges_then_streams_and_ends_with_the_verified_reply
     streamed = emacs.wait_for("opencortex-stream", 2)
     chunks = "".join(a[2] for a in streamed if a[1] == "chunk")
     assert chunks == "* [Echo] héllo 🌍 世界"
-    assert streamed[-1] == (ack["turn-id"], "end", "* [Echo] héllo 🌍 世界")
+    assert streamed[-1] == (ack["turn-id"], "end", "* [Echo] héllo 🌍 世界\n")
     assert all(a[0] == ack["turn-id"] for a in streamed)
-    assert finals(emacs) == ["* [Echo] héllo 🌍 世界"]
+    assert finals(emacs) == ["* [Echo] héllo 🌍 世界\n"]
     archive = (home / "memory" / "emacs" / "main.org").read_text()
     assert "héllo 🌍 世界" in archive
 
@@ -196,7 +196,7 @@ def test_calls_are_handled_in_arrival_order(start, home):
     kernel, emacs = start()
     for i in range(20):
         emacs.client.call("send-message", ["main", f"message {i}"])
-    assert wait_finals(emacs, 20, timeout=60) == [f"* [Echo] message {i}" for i in range(20)]
+    assert wait_finals(emacs, 20, timeout=60) == [f"* [Echo] message {i}\n" for i in range(20)]
 
 
 def test_an_invalid_message_gets_a_clear_error(start):
@@ -226,10 +226,10 @@ def test_a_large_reply_is_split_under_the_cap(start, home):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         pieces = finals(emacs)
-        if sum(len(p) for p in pieces) >= size + len("* [Echo] "):
+        if sum(len(p) for p in pieces) >= size + len("* [Echo] \n"):
             break
         time.sleep(0.05)
-    assert "".join(pieces) == "* [Echo] " + "y" * size
+    assert "".join(pieces) == "* [Echo] " + "y" * size + "\n"
     assert len(pieces) >= 2
 
 

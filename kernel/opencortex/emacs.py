@@ -70,6 +70,11 @@ def split_utf8(text: str, max_bytes: int) -> list[str]:
     return pieces
 
 
+def as_lines(text: str) -> str:
+    """TEXT ending with a newline, so what follows it in the buffer starts a line of its own."""
+    return text if text.endswith("\n") else text + "\n"
+
+
 class EmacsActuator(MessageActuator):
     targets = ("emacs",)
 
@@ -79,7 +84,7 @@ class EmacsActuator(MessageActuator):
         self.piece_bytes = max(1, max_payload_bytes // 2 - 4096)
 
     async def deliver(self, address: str, text: str) -> None:
-        for piece in split_utf8(text, self.piece_bytes):
+        for piece in split_utf8(as_lines(text), self.piece_bytes):
             await self.link.call("opencortex-insert", address, piece)
 
     async def carry_out(self, action: Action, event: Event) -> Outcome:
@@ -88,7 +93,7 @@ class EmacsActuator(MessageActuator):
         if (relay is None or not relay.streamed or not isinstance(action, EmacsInsert)
                 or event.channel != "emacs"):
             return await super().carry_out(action, event)
-        first, *rest = split_utf8(action.text, self.piece_bytes)
+        first, *rest = split_utf8(as_lines(action.text), self.piece_bytes)
         await self.link.call("opencortex-stream", relay.turn_id, "end", first)
         relay.ended = True
         for piece in rest:
