@@ -7,7 +7,7 @@ from opencortex.config import ConfigError, load_config
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in ("OPENCORTEX_HOME", "OPENCORTEX_CONFIG", "OPENCORTEX_BACKEND",
+    for name in ("OPENCORTEX_HOME", "OPENCORTEX_CONFIG", "OPENCORTEX_BACKEND", "OPENCORTEX_MODEL",
                  "OPENCORTEX_SCRIPT", "OPENCORTEX_SKILL_DIRS", "OPENCORTEX_PERSONA"):
         monkeypatch.delenv(name, raising=False)
 
@@ -54,3 +54,11 @@ def test_bad_configuration_is_named(tmp_path, content, fragment):
         load_config(tmp_path)
     assert fragment in str(caught.value)
     assert "config.toml" in str(caught.value)
+
+
+def test_model_from_the_environment_keeps_the_rest_of_the_llm_table(tmp_path, monkeypatch):
+    (tmp_path / "config.toml").write_text('[llm]\nmodel = "from-file"\nmax_tokens = 321\n')
+    assert load_config(tmp_path).llm.model == "from-file"
+    monkeypatch.setenv("OPENCORTEX_MODEL", "from-env")
+    config = load_config(tmp_path)
+    assert config.llm.model == "from-env" and config.llm.max_tokens == 321

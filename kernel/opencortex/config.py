@@ -6,8 +6,9 @@ Where things live (XDG base directories):
 - the TOML file: `$OPENCORTEX_CONFIG`, else `HOME/config.toml` when `--home` or
   `$OPENCORTEX_HOME` names a home, else `$XDG_CONFIG_HOME/opencortex/config.toml`.
 
-Environment overrides beat the file: OPENCORTEX_BACKEND, OPENCORTEX_SCRIPT,
-OPENCORTEX_SKILL_DIRS (paths joined by the OS path separator), OPENCORTEX_PERSONA.
+Environment overrides beat the file: OPENCORTEX_BACKEND, OPENCORTEX_MODEL (`[llm]
+model`), OPENCORTEX_SCRIPT, OPENCORTEX_SKILL_DIRS (paths joined by the OS path
+separator), OPENCORTEX_PERSONA.
 """
 
 from __future__ import annotations
@@ -167,6 +168,9 @@ def load_config(home: Path | str | None = None, **overrides: Any) -> Config:
     env = _environment_overrides()
     _resolve_paths(env, Path.cwd())
     fields.update(env)
+    if os.environ.get("OPENCORTEX_MODEL"):
+        llm = fields.get("llm") if isinstance(fields.get("llm"), dict) else {}
+        fields["llm"] = {**llm, "model": os.environ["OPENCORTEX_MODEL"]}
     given = {k: v for k, v in overrides.items() if v is not None}
     _resolve_paths(given, Path.cwd())
     fields.update(given)
