@@ -304,3 +304,23 @@ def test_abort_turn_stops_a_slow_turn_and_archives_nothing(start, home, tmp_path
     assert aborted and "aborted" in aborted[0][2]
     assert not (home / "memory" / "emacs" / "main.org").exists()
     assert emacs.call("abort-turn", "main") in (False, [])
+
+
+def test_a_compression_notice_after_a_streamed_reply_is_shown(start, home):
+    (home / "config.toml").write_text("[conversation]\nbudget = 300\nthreshold = 0.8\n"
+                                      "target = 0.5\n")
+    kernel, emacs = start()
+    for i in range(12):
+        emacs.call("send-message", "main", f"message {i} with enough words to fill the budget")
+    shown = wait_finals(emacs, 13, timeout=60)
+    assert any(text.startswith("Context compressed") for text in shown), shown
+    with emacs.lock:
+        ends = [args[0] for method, args in emacs.calls
+                if method == "opencortex-stream" and args[1] == "end"]
+        notices = [args[1] for method, args in emacs.calls
+                   if method == "opencortex-insert" and args[1].startswith("Context compressed")]
+    assert len(ends) == len(set(ends)), "a turn is ended once; Emacs ignores a second end"
+    assert notices, "the notice comes as an insert of its own"
+    replies = [args[2] for method, args in list(emacs.calls)
+               if method == "opencortex-stream" and args[1] == "end" and args[2]]
+    assert len(replies) == 12, "each verified reply takes the place of its own preview"

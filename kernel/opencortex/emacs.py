@@ -90,8 +90,8 @@ class EmacsActuator(MessageActuator):
     async def carry_out(self, action: Action, event: Event) -> Outcome:
         """A reply into the chat buffer takes the place of its streamed preview."""
         relay = self.link.relays.get(event.thread)
-        if (relay is None or not relay.streamed or not isinstance(action, EmacsInsert)
-                or event.channel != "emacs"):
+        if (relay is None or not relay.streamed or relay.ended
+                or not isinstance(action, EmacsInsert) or event.channel != "emacs"):
             return await super().carry_out(action, event)
         first, *rest = split_utf8(as_lines(action.text), self.piece_bytes)
         await self.link.call("opencortex-stream", relay.turn_id, "end", first)
@@ -113,8 +113,9 @@ class StreamRelay(TurnObserver):
     preview) and "abort" (the turn stopped; the text says why).  "end" or
     "abort" is always the last event of a turn."""
 
-    def __init__(self, link: EmacsLink, turn_id: str, piece_bytes: int):
+    def __init__(self, link: EmacsLink, thread: Thread, turn_id: str, piece_bytes: int):
         self.link = link
+        self.thread = thread
         self.turn_id = turn_id
         self.piece_bytes = piece_bytes
         self.extractor = TextExtractor()
@@ -132,6 +133,8 @@ class StreamRelay(TurnObserver):
         delta = self.extractor.feed(text)
         if delta:
             self.streamed = True
+            # Turns of a thread run one at a time: the streaming one is the running one.
+            self.link.relays[self.thread] = self
             for piece in split_utf8(delta, self.piece_bytes):
                 self.link.notify("opencortex-stream", self.turn_id, "chunk", piece)
 
@@ -142,10 +145,16 @@ class StreamRelay(TurnObserver):
         if not self.ended:
             self.ended = True
             self.link.notify("opencortex-stream", self.turn_id, "end", "")
+        self._forget()
 
     def abort(self, message: str) -> None:
         self.ended = True
         self.link.notify("opencortex-stream", self.turn_id, "abort", message)
+        self._forget()
+
+    def _forget(self) -> None:
+        if self.link.relays.get(self.thread) is self:
+            del self.link.relays[self.thread]
 
 
 class EmacsApprover(Approver):
@@ -188,10 +197,9 @@ class EmacsService:
         except EventError as error:
             raise ValueError(str(error)) from None
         result = TurnResult(event.thread, "failed", self.kernel.backend.name)
-        relay = StreamRelay(self.link, result.turn_id, self.piece_bytes)
+        relay = StreamRelay(self.link, event.thread, result.turn_id, self.piece_bytes)
         task = asyncio.create_task(self.kernel.handle(event, relay, result.turn_id))
         self.running[event.thread] = task
-        self.link.relays[event.thread] = relay
         task.add_done_callback(lambda done: self._turn_finished(event.thread, relay, done))
         return {"turn-id": result.turn_id, "thread": str(event.thread)}
 
@@ -199,8 +207,6 @@ class EmacsService:
                        task: asyncio.Task[TurnResult]) -> None:
         if self.running.get(thread) is task:
             del self.running[thread]
-        if self.link.relays.get(thread) is relay:
-            del self.link.relays[thread]
         if task.cancelled():
             relay.abort("Turn aborted: nothing of it was archived. Send the message again "
                         "when you are ready.")

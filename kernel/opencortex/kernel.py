@@ -36,6 +36,7 @@ from opencortex.verification import Verdict, judge
 
 log = logging.getLogger(__name__)
 
+
 class TurnFailed(Exception):
     """Internal: a turn stops here; the message is what the person is told."""
 
@@ -281,7 +282,7 @@ class Kernel:
             result.status = "failed"
             result.text = action.reply_text
             result.ids = await self._archive(event, result, action.reply_text,
-                                       extra={"DELIVERY": "failed"})
+                                             extra={"DELIVERY": "failed"})
             return
         result.status = "done"
         await self._finish(event, action, outcome, result)
@@ -290,9 +291,10 @@ class Kernel:
                       result: TurnResult) -> None:
         if isinstance(action, ToolCall):
             text = f"Tool {action.tool}: {outcome.result}"
-            await self._notify(event, text, result)
+            await self._notify(event, text, result, error=False)
             result.text = text
-            result.ids = await self._archive(event, result, text, role="system", turn_type="action")
+            result.ids = await self._archive(event, result, text, role="system",
+                                             turn_type="action")
             return
         result.text = outcome.shown if outcome.shown is not None else action.reply_text
         result.ids = await self._archive(event, result, result.text or "")
