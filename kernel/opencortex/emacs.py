@@ -22,7 +22,8 @@ from opencortex.actuators import ActuatorError, MessageActuator, Outcome
 from opencortex.approvals import ApprovalBook, ApprovalDecision, ApprovalRequest, Approver
 from opencortex.epc import KernelConnection
 from opencortex.events import Event, EventError, Thread, chat_message
-from opencortex.kernel import Kernel, TurnObserver, TurnResult
+from opencortex.kernel import Kernel
+from opencortex.turn import TurnObserver, TurnResult, new_turn_id
 from opencortex.streaming import TextExtractor
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ class EmacsService:
         self.link = link
         self.book = book
         self.piece_bytes = piece_bytes
-        self.running: dict[Thread, asyncio.Task[TurnResult]] = {}
+        self.running: dict[Thread, list[asyncio.Task[TurnResult]]] = {}  # in arrival order
 
     def methods(self) -> dict[str, Any]:
         return {"send-message": self.send_message, "abort-turn": self.abort_turn,
@@ -196,17 +197,20 @@ class EmacsService:
             event = chat_message(text, "emacs", chat_id)
         except EventError as error:
             raise ValueError(str(error)) from None
-        result = TurnResult(event.thread, "failed", self.kernel.backend.name)
-        relay = StreamRelay(self.link, event.thread, result.turn_id, self.piece_bytes)
-        task = asyncio.create_task(self.kernel.handle(event, relay, result.turn_id))
-        self.running[event.thread] = task
+        turn_id = new_turn_id()
+        relay = StreamRelay(self.link, event.thread, turn_id, self.piece_bytes)
+        task = asyncio.create_task(self.kernel.handle(event, relay, turn_id))
+        self.running.setdefault(event.thread, []).append(task)
         task.add_done_callback(lambda done: self._turn_finished(event.thread, relay, done))
-        return {"turn-id": result.turn_id, "thread": str(event.thread)}
+        return {"turn-id": turn_id, "thread": str(event.thread)}
 
     def _turn_finished(self, thread: Thread, relay: StreamRelay,
                        task: asyncio.Task[TurnResult]) -> None:
-        if self.running.get(thread) is task:
-            del self.running[thread]
+        tasks = self.running.get(thread, [])
+        if task in tasks:
+            tasks.remove(task)
+        if not tasks:
+            self.running.pop(thread, None)
         if task.cancelled():
             relay.abort("Turn aborted: nothing of it was archived. Send the message again "
                         "when you are ready.")
@@ -223,10 +227,11 @@ class EmacsService:
                          {**await self.kernel.view(thread), "turn-id": turn_id})
 
     async def abort_turn(self, chat_id: str) -> bool:
-        task = self.running.get(Thread("emacs", chat_id))
-        if task is None or task.done():
+        """Abort the turn in progress (turns of a thread run in arrival order)."""
+        pending = [t for t in self.running.get(Thread("emacs", chat_id), []) if not t.done()]
+        if not pending:
             return False
-        task.cancel()
+        pending[0].cancel()
         return True
 
     async def answer_approval(self, approval_id: str, answer: str) -> bool:

@@ -87,8 +87,9 @@ async def serve(config: Config, *, port: int = 0, connection_file: Path | None =
     finally:
         server.shutdown()
         server.server_close()
-        for task in list(service.running.values()):
-            task.cancel()
+        for tasks in list(service.running.values()):
+            for task in tasks:
+                task.cancel()
         await kernel.aclose()
         if written is not None:
             written.unlink(missing_ok=True)

@@ -10,6 +10,10 @@ from opencortex.events import Thread
 from opencortex.llm import Usage
 from opencortex.verification import jsonable
 
+def new_turn_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
 Status = Literal["done", "needs-approval", "rejected", "failed", "no-skill", "aborted"]
 
 
@@ -30,7 +34,7 @@ class TurnResult:
     thread: Thread
     status: Status
     backend: str
-    turn_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    turn_id: str = field(default_factory=new_turn_id)
     text: str | None = None
     action: dict[str, Any] | None = None
     skill: str | None = None
