@@ -384,11 +384,19 @@ ready and that Emacs started is restarted from a timer: without asking
     (opencortex--abandon-approvals)))
 
 (defun opencortex--stop-on-exit ()
-  "Stop the kernel when Emacs exits (on `kill-emacs-hook')."
+  "Stop the kernel when Emacs exits (on `kill-emacs-hook').
+Only a SIGTERM, no waiting: Emacs may be exiting because its terminal is
+gone, and waiting for process output then never ends.  The kernel shuts
+down cleanly on SIGTERM by itself."
   (when (timerp opencortex--restart-timer)
     (cancel-timer opencortex--restart-timer))
-  (when (opencortex--live-p opencortex--connection)
-    (opencortex--shutdown opencortex--connection)))
+  (let* ((conn opencortex--connection)
+         (process (and conn (opencortex--connection-process conn))))
+    (when conn
+      (ignore-errors (opencortex--set-state conn 'stopped)))
+    (when (and process (process-live-p process))
+      (set-process-sentinel process #'ignore)
+      (ignore-errors (signal-process process 'SIGTERM)))))
 
 (provide 'opencortex-connection)
 ;;; opencortex-connection.el ends here

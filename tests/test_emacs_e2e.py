@@ -216,3 +216,67 @@ def test_a_rejected_reply_shows_a_system_error_in_the_buffer(tmp_path, home):
 """)
     assert "System Error: Chat agent returned invalid action" in buffer
     assert "sneaky" not in buffer.split("System Error")[0]
+
+
+def test_emacs_exits_when_its_terminal_hangs_up_and_the_kernel_stops(tmp_path, home):
+    """A terminal Emacs whose tty goes away (a closed ssh session) must exit, and so must
+    its kernel: waiting for process output at exit would spin forever on a dead tty."""
+    import pty
+    import select
+    pidfile = tmp_path / "kernel.pid"
+    startup = tmp_path / "start.el"
+    startup.write_text(f"""
+(require 'opencortex)
+(setq opencortex-python-command (list {lisp(sys.executable)} "-m" "opencortex")
+      opencortex-kernel-arguments (list "--home" {lisp(str(home))}))
+(opencortex-chat)
+(run-with-timer 0.2 0.2
+  (lambda ()
+    (let ((process (opencortex-kernel-process)))
+      (when (and process (eq opencortex--kernel-state 'ready))
+        (with-temp-file {lisp(str(pidfile))} (insert (format "%d" (process-id process))))))))
+""")
+    env = cli_env(home, XDG_RUNTIME_DIR=str(tmp_path / "run"), TERM="xterm")
+    child, master = pty.fork()
+    if child == 0:  # pragma: no cover - the child becomes Emacs
+        os.execvpe("emacs", ["emacs", "-nw", "-L", str(ELISP), "-l", str(startup)], env)
+    try:
+        deadline = time.monotonic() + 60
+        while not pidfile.exists() and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.05)[0]:
+                try:
+                    os.read(master, 65536)  # keep the terminal drained
+                except OSError:
+                    break
+        assert pidfile.exists(), "the kernel never came up"
+        kernel = int(pidfile.read_text())
+        os.close(master)  # the terminal hangs up
+        master = -1
+        deadline = time.monotonic() + 20
+        exited = False
+        while time.monotonic() < deadline and not exited:
+            exited = os.waitpid(child, os.WNOHANG)[0] == child
+            time.sleep(0.05)
+        assert exited, "Emacs kept running after its terminal went away"
+        while time.monotonic() < deadline:
+            try:
+                os.kill(kernel, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(kernel, 9)
+            raise AssertionError("the kernel outlived its Emacs")
+    finally:
+        if master != -1:
+            os.close(master)
+        for pid in (child, int(pidfile.read_text()) if pidfile.exists() else None):
+            try:
+                if pid:
+                    os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(child, 0)
+        except ChildProcessError:
+            pass

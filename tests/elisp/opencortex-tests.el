@@ -519,7 +519,7 @@ connection proves the secret went there (and the test checks it is not in argv).
       ;; Exiting Emacs stops the kernel.
       (should (memq #'opencortex--stop-on-exit kill-emacs-hook))
       (opencortex--stop-on-exit)
-      (should-not (process-live-p process))
+      (should (opencortex-wait-for (lambda () (not (process-live-p process))) 10))
       (should (eq opencortex--kernel-state 'stopped)))))
 
 (ert-deftest opencortex-kernel-death-restarts-once ()
