@@ -76,7 +76,7 @@ class TimedBackend(EchoBackend):
         self.first_yield: list[float] = []
 
     async def stream(self, request: PromptRequest):
-        said = request.messages[-1].content
+        said = request.messages[-1].content.rsplit("\n\n", 1)[-1]  # after any recalled block
         if not said.startswith("stream "):
             async for item in super().stream(request):
                 yield item
