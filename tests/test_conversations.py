@@ -235,3 +235,17 @@ def test_the_system_prompt_is_byte_identical_across_turns(home):
     run(scenario())
     systems = {request.system for _, request in backend.prompts}
     assert len(backend.prompts) == 3 and len(systems) == 1
+
+
+def test_idle_conversations_beyond_the_limit_are_let_go_and_rebuilt(home, monkeypatch):
+    from opencortex.conversation import conversations as module
+    monkeypatch.setattr(module, "OPEN_CONVERSATIONS", 2)
+    kernel, _, _ = kernel_for(home)
+
+    async def scenario():
+        for chat in ("a", "b", "c"):
+            await say(kernel, f"hello from {chat} with a fact {chat}42", "cli", chat)
+        assert list(kernel.conversations._open) == [Thread("cli", "b"), Thread("cli", "c")]
+        return (await say(kernel, "/history", "cli", "a")).text
+
+    assert "fact a42" in run(scenario())

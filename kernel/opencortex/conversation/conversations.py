@@ -9,6 +9,7 @@ the budget, not the length of the thread.  After that each turn only appends.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -26,6 +27,7 @@ from opencortex.memory import Archive, MessageRecord, NewMessage
 log = logging.getLogger(__name__)
 
 WINDOW_MESSAGES = 400  # newest messages of a branch read into a fresh context, at most
+OPEN_CONVERSATIONS = 256  # kept in memory; the least recently used idle one is let go
 
 
 @dataclass
@@ -49,7 +51,7 @@ class Conversations:
         self.summarizer = summarizer
         self.recall = Recall(archive, settings.owners, settings.recall_across_owners)
         self.saved = SavedSessions(archive.root, owners=settings.owners, archive=archive)
-        self._open: dict[Thread, Conversation] = {}
+        self._open: OrderedDict[Thread, Conversation] = OrderedDict()  # least recent first
 
     def owner(self, thread: Thread) -> str:
         return owner_of(thread, self.settings.owners)
@@ -57,14 +59,23 @@ class Conversations:
     async def open(self, thread: Thread) -> Conversation:
         """The conversation of THREAD, loading it from the archive the first time."""
         conversation = self._open.get(thread)
-        if conversation is None:
-            thread_log = ThreadLog.load(self.archive, thread)
-            session = Session.from_log(thread_log, max_turns=self.settings.max_turns,
-                                       max_tokens=self.settings.max_tokens)
-            conversation = Conversation(thread, thread_log, self._new_context(), session)
-            await self.refill(conversation)
-            self._open[thread] = conversation
+        if conversation is not None:
+            self._open.move_to_end(thread)
+            return conversation
+        thread_log = ThreadLog.load(self.archive, thread)
+        session = Session.from_log(thread_log, max_turns=self.settings.max_turns,
+                                   max_tokens=self.settings.max_tokens)
+        conversation = Conversation(thread, thread_log, self._new_context(), session)
+        await self.refill(conversation)
+        self._open[thread] = conversation
+        self._let_go()
         return conversation
+
+    def _let_go(self) -> None:
+        """Keep memory bounded: idle conversations beyond the limit are rebuilt when next used."""
+        idle = [t for t, c in self._open.items() if c.session.state in ("dormant", "ready")]
+        for thread in idle[:max(0, len(self._open) - OPEN_CONVERSATIONS)]:
+            del self._open[thread]
 
     def _new_context(self) -> WorkingContext:
         return WorkingContext.from_settings(self.settings, summarizer=self.summarizer)
