@@ -30,6 +30,11 @@ WINDOW_MESSAGES = 400  # newest messages of a branch read into a fresh context, 
 OPEN_CONVERSATIONS = 256  # kept in memory; the least recently used idle one is let go
 
 
+def shown_to_model(role: str, turn_type: str) -> bool:
+    """System errors stay in the archive; tool results and approval outcomes are shown."""
+    return role != "system" or turn_type in ("action", "yield")
+
+
 @dataclass
 class Conversation:
     """One thread's live state."""
@@ -91,7 +96,7 @@ class Conversations:
                   for message_id in sorted(conversation.log.pins())
                   if message_id not in in_window and self._on_branch(conversation, message_id)]
         conversation.context = context
-        entries = [e for e in [*pinned, *window] if self._visible_to_model(e)]
+        entries = [e for e in [*pinned, *window] if shown_to_model(e.role, e.turn_type)]
         return await context.add(*entries) if entries else None
 
     @staticmethod
@@ -102,11 +107,6 @@ class Conversations:
         return Entry(id=record.id, role=record.role, text=record.text, turn=0,
                      turn_type=record.turn_type, retention="PRESERVED")
 
-    @staticmethod
-    def _visible_to_model(entry: Entry) -> bool:
-        """System errors stay in the archive; tool results and approval outcomes are shown."""
-        return entry.role != "system" or entry.kind != "message" or \
-            entry.turn_type in ("action", "yield")
 
     async def remember(self, thread: Thread, query: str) -> list[Entry]:
         """Recall for the coming turn: same owner only, nothing already in context."""
@@ -131,19 +131,17 @@ class Conversations:
         conversation = await self.open(thread)
         before = conversation.context.used
         added = sum(count_tokens(m.text) for m in messages
-                    if self._visible_to_model(Entry(id="-", role=m.role, text=m.text, turn=0,
-                                                    turn_type=m.turn_type)))
+                    if shown_to_model(m.role, m.turn_type))
         extra = {**metrics, "CONTEXT_BEFORE": str(before), "CONTEXT_AFTER": str(before + added),
                  "TURN": str(conversation.log.turn_count() + 1)}
         batch = [m.model_copy(update={"extra": {**m.extra, **extra}}) if m.role != "user" else m
                  for m in messages]
         records = conversation.log.append_turn(batch)
-        entries = [Entry(id=r.id, role=r.role, text=r.text,
-                         turn=conversation.log.turn_count(), turn_type=r.turn_type,
-                         retention=default_retention(r.role, r.text, r.turn_type))
-                   for r in records]
-        report = await conversation.context.add(
-            *[e for e in entries if self._visible_to_model(e)])
+        turn = conversation.log.turn_count()
+        report = await conversation.context.add(*[
+            Entry(id=r.id, role=r.role, text=r.text, turn=turn, turn_type=r.turn_type,
+                  retention=default_retention(r.role, r.text, r.turn_type))
+            for r in records if shown_to_model(r.role, r.turn_type)])
         tokens = int(metrics.get("TOKENS_IN", 0) or 0) + int(metrics.get("TOKENS_OUT", 0) or 0)
         reason = conversation.session.count_turn(tokens, max_turns=self.settings.max_turns,
                                                  max_tokens=self.settings.max_tokens)
