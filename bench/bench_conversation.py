@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from figures import percentile, timed
 from opencortex.conversation.conversations import Conversations
 from opencortex.conversation.settings import ConversationSettings
 from opencortex.events import Thread
@@ -35,11 +36,6 @@ from opencortex.memory import Archive, NewMessage
 THREAD = Thread("cli", "bench")
 WORDS = ("kernel plist archive branch budget pressure summary recall owner thread emacs "
          "buffer stream token model skill verifier actuator approval session").split()
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def sentence(rng: random.Random, length: int = 12) -> str:
@@ -76,16 +72,8 @@ async def assembly(turns: int) -> None:
         await kernel.conversations.open(THREAD)
         loaded = time.perf_counter() - started
         build, record, recalling = [], [], []
-        recall = kernel.conversations.recall.recall
-
-        def timed_recall(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return recall(*args, **kwargs)
-            finally:
-                recalling.append(time.perf_counter() - started)
-
-        kernel.conversations.recall.recall = timed_recall
+        recall = kernel.conversations.recall
+        recall.recall = timed(recalling, recall.recall)  # type: ignore[method-assign]
         for turn in range(200):
             event = chat_message(f"new {turn}: {sentence(rng)}", THREAD.channel, THREAD.chat_id)
             started = time.perf_counter()

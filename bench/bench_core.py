@@ -25,6 +25,7 @@ from pathlib import Path
 
 import sexpdata
 
+from figures import percentile, timed
 from opencortex.events import Thread, chat_message
 from opencortex.memory import Archive, NewMessage
 from opencortex.reader import read_plist
@@ -95,22 +96,6 @@ def bench_archive(sizes: list[int]) -> None:
     base = costs[sizes[0]]
     for size in sizes[1:]:
         print(f"  ratio {size:,}/{sizes[0]:,}: {costs[size] / base:.2f}  (target <= 1.2)")
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
-def timed(record: list[float], function):
-    """FUNCTION, adding the seconds of each call to RECORD."""
-    def wrapper(*args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            record.append(time.perf_counter() - started)
-    return wrapper
 
 
 def bench_kernel(turns: int = 500) -> None:

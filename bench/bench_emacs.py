@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_core import bench_kernel
+from figures import percentile
 from opencortex.config import load_config
 from opencortex.llm import EchoBackend, PromptRequest, Usage
 from opencortex.serve import serve
@@ -93,11 +95,6 @@ class TimedBackend(EchoBackend):
         yield Usage(model="timed-echo", estimated=True)
 
 
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
 async def run(messages: int, streams: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
@@ -138,14 +135,6 @@ async def run(messages: int, streams: int) -> None:
           f" (max {max(rates):.1f}; target <= ~30)")
 
 
-def kernel_overhead(turns: int = 300) -> None:
-    """Kernel-side time per turn with the Emacs actuator in place but no Emacs round trip."""
-    import subprocess
-    code = ("import sys; sys.argv=['b']; exec(open(%r).read().split('def main')[0]); "
-            "bench_kernel(%d)" % (str(REPO / "bench" / "bench_core.py"), turns))
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=600)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200)
@@ -153,7 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     asyncio.run(run(args.messages, args.streams))
     print("kernel-side time per turn:")
-    kernel_overhead()
+    bench_kernel(300)
 
 
 if __name__ == "__main__":
