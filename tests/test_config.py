@@ -1,5 +1,3 @@
-from pathlib import Path
-
 import pytest
 
 from opencortex.config import ConfigError, load_config

@@ -64,6 +64,19 @@ PRELUDE = """
 """
 
 
+def gone(pid: int, seconds: float) -> bool:
+    """Whether process PID ends within SECONDS."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 class Driver:
     def __init__(self, tmp_path: Path, home: Path, extra_args: tuple[str, ...] = ()):
         self.tmp = tmp_path
@@ -90,15 +103,9 @@ class Driver:
         if not self.pidfile.exists() or not self.pidfile.read_text().strip().isdigit():
             return
         pid = int(self.pidfile.read_text())
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
-        os.kill(pid, 9)
-        raise AssertionError(f"kernel {pid} outlived the test")
+        if not gone(pid, 10):
+            os.kill(pid, 9)
+            raise AssertionError(f"kernel {pid} outlived the test")
 
     def archive(self) -> str:
         path = self.home / "memory" / "emacs" / "main.org"
@@ -258,15 +265,8 @@ def test_emacs_exits_when_its_terminal_hangs_up_and_the_kernel_stops(tmp_path, h
             exited = os.waitpid(child, os.WNOHANG)[0] == child
             time.sleep(0.05)
         assert exited, "Emacs kept running after its terminal went away"
-        while time.monotonic() < deadline:
-            try:
-                os.kill(kernel, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(kernel, 9)
-            raise AssertionError("the kernel outlived its Emacs")
+        assert gone(kernel, max(0.0, deadline - time.monotonic())), \
+            "the kernel outlived its Emacs"
     finally:
         if master != -1:
             os.close(master)

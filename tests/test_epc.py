@@ -7,7 +7,6 @@ plays Emacs so each server rule can be checked directly.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import stat
 import subprocess
