@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
 from opencortex.actions import Action, ActionRejected, ShellCommand, validate_action
-from opencortex.reader import ReadError, print_plist, read_reply
+from opencortex.reader import Keyword, ReadError, print_plist, read_reply
 from opencortex.skills import NeedsApproval, Rejection, Skill, SkillContext
 from opencortex.tools import ToolRegistry
 
@@ -49,7 +49,6 @@ class Verdict:
 
 def jsonable(value: Any) -> Any:
     """Reader data as JSON-friendly data (keywords as ':name' strings)."""
-    from opencortex.reader import Keyword
     if isinstance(value, Keyword):
         return f":{value}"
     if isinstance(value, Mapping):

@@ -13,6 +13,7 @@ import asyncio
 import os
 import re
 import shlex
+import signal
 from pathlib import Path
 
 from opencortex.actions import Action, ShellCommand
@@ -91,7 +92,12 @@ class ShellActuator(Actuator):
             output, _ = await asyncio.wait_for(process.communicate(), self.settings.timeout)
             status = f"exit {process.returncode}"
         except asyncio.TimeoutError:
-            process.kill()
+            # The whole process group: a child still holding the output pipe would
+            # otherwise keep communicate() waiting after the command itself was killed.
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             output, _ = await process.communicate()
             status = f"killed after {self.settings.timeout:g} s"
         text = output.decode("utf-8", errors="replace")
