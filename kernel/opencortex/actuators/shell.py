@@ -4,24 +4,29 @@ No shell: the command is an argument vector (a string command is split with
 shlex, never interpolated).  It runs in a configured directory, with a timeout,
 with stdin closed and a scrubbed environment: only the variables named in
 `shell.keep_env` pass, and never one that looks like a key or secret.
+It runs under a reaper (see `bounded` and `reaper`): the timeout ends the turn
+even when the command leaves daemons behind, nothing it started outlives it,
+and only the first part of its output is ever held in memory.
 Output comes back as an org example block, truncated with a note when long.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shlex
-import signal
 from pathlib import Path
 
 from opencortex.actions import Action, ShellCommand
 from opencortex.actuators.base import Actuator, ActuatorError, Outcome
+from opencortex.actuators.bounded import Finished, run_bounded
 from opencortex.approvals import ApprovalDecision
 from opencortex.config import ShellSettings
 from opencortex.events import Event
 
+# Kept bytes per shown character: UTF-8 needs at most 4, so the kept bytes always
+# decode to more than output_limit characters when the output was longer.
+BYTES_PER_CHARACTER = 4
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
@@ -44,11 +49,15 @@ def scrubbed_environment(keep: list[str]) -> dict[str, str]:
             if name in os.environ and not SECRET_NAME.search(name)}
 
 
-def example_block(title: str, output: str, limit: int) -> str:
-    """OUTPUT as an org example block under a TITLE heading, truncated past LIMIT characters."""
+def example_block(title: str, output: str, limit: int, total_bytes: int | None = None) -> str:
+    """OUTPUT as an org example block under a TITLE heading, truncated past LIMIT characters.
+
+    TOTAL_BYTES is how much the command wrote in all (OUTPUT may be only its start).
+    """
     note = ""
     if len(output) > limit:
-        note = f"\n[output truncated: showing {limit} of {len(output)} characters]"
+        total = len(output.encode()) if total_bytes is None else total_bytes
+        note = f"\n[output truncated: showing {limit} characters of the {total} bytes written]"
         output = output[:limit]
     lines = [("," + line) if line.lstrip().startswith(("*", "#+", ",*", ",#+")) else line
              for line in output.rstrip("\n").split("\n")]
@@ -72,6 +81,14 @@ class ShellActuator(Actuator):
             raise ActuatorError(f"the command may only run inside {base}, not in {chosen}")
         return chosen
 
+    def status_of(self, finished: Finished) -> str:
+        """How the run ended, for the block's title: an exit status or the timeout."""
+        if finished.timed_out:
+            return f"killed after {self.settings.timeout:g} s"
+        if finished.returncode is None:
+            return "ended without a status"
+        return f"exit {finished.returncode}"
+
     async def carry_out(self, action: Action, event: Event) -> Outcome:
         raise ActuatorError("shell commands run only after a person approves them")
 
@@ -82,24 +99,12 @@ class ShellActuator(Actuator):
         argv = argv_of(action)
         cwd = self.working_directory(action)
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv, cwd=cwd, env=scrubbed_environment(self.settings.keep_env),
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            finished = await run_bounded(
+                argv, cwd, scrubbed_environment(self.settings.keep_env), self.settings.timeout,
+                keep_bytes=BYTES_PER_CHARACTER * self.settings.output_limit + BYTES_PER_CHARACTER)
         except OSError as error:
             raise ActuatorError(f"cannot run {argv[0]!r}: {error.strerror}") from None
-        try:
-            output, _ = await asyncio.wait_for(process.communicate(), self.settings.timeout)
-            status = f"exit {process.returncode}"
-        except asyncio.TimeoutError:
-            # The whole process group: a child still holding the output pipe would
-            # otherwise keep communicate() waiting after the command itself was killed.
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            output, _ = await process.communicate()
-            status = f"killed after {self.settings.timeout:g} s"
-        text = output.decode("utf-8", errors="replace")
-        title = f"Shell: {shlex.join(argv)} ({status})"
-        return Outcome(result=example_block(title, text, self.settings.output_limit))
+        text = finished.output.decode("utf-8", errors="replace")
+        title = f"Shell: {shlex.join(argv)} ({self.status_of(finished)})"
+        return Outcome(result=example_block(title, text, self.settings.output_limit,
+                                            finished.total_bytes))
