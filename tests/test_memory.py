@@ -1,27 +1,25 @@
-"""The org archive and its SQLite index: exact round trips, torn writes, search, rebuilds."""
+"""The org archive and its SQLite index: exact round trips, escapes, search, rebuilds.
+
+Torn writes and crash safety: tests/test_archive_torn.py, tests/test_archive_crash.py.
+"""
 
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
-import textwrap
+import unicodedata
 import uuid
 
-import orgparse
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from archive_helpers import LOCAL, entry_ends, make_record, orgparse_records, say
 from opencortex.events import Thread
-from opencortex.memory import (Archive, MessageRecord, NewMessage, SearchHit, decode_body,
-                               decode_value, encode_body, encode_value, safe_name)
-from opencortex.memory.orgformat import (EntryError, complete_length, parse_entry,
-                                         render_entry, render_header)
+from opencortex.memory import (Archive, NewMessage, SearchHit, decode_body, decode_value,
+                               encode_body, encode_value, safe_name)
+from opencortex.memory.orgformat import parse_entry, render_entry, render_header
 from opencortex.memory.records import RESERVED_KEYS
-
-LOCAL = Thread("cli", "local")
 
 # Fragments that org or orgparse would read as structure, dates, or line breaks.
 ORGISH = [
@@ -31,6 +29,7 @@ ORGISH = [
     "CLOCK: [2020-13-01 10:00]", "[2020-02-30 Sun]", "<2020-01-01 Mon 25:99>",
     '- State "DONE" from "TODO" [2020-01-01 Mon 10:00]', "SCHEDULED: <2020-01-01 Wed>",
     "DEADLINE: <2021-99-01>", "%", "%25", "%0A", "%E2%80", "[[link][desc]]", "[[x]]",
+    "\x1b[31m", "\x1b]0;title\x07", "\x9b2J", "\x08", "\x1b",
     "\u2028", "\u2029", "\x0c", "\x0b", "\x85", "\x1c", "\x1e", "\x00", "\x7f", "é", "🙂",
     "👩‍👩‍👧", "٢٠٢٠", "[", "<", "]", ">", "-", "State", "\\", '"', "\u3000", "\ufeff",
 ]
@@ -41,40 +40,10 @@ extra_keys = st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True).filter(
     lambda key: key not in RESERVED_KEYS)
 
 
-def make_record(text: str = "hi", *, thread: Thread = LOCAL, sender: str | None = None,
-                extra: dict[str, str] | None = None, timestamp: float = 1795312503.123456,
-                parent: str | None = None) -> MessageRecord:
-    return MessageRecord(id=str(uuid.uuid4()), role="user", text=text, channel=thread.channel,
-                         chat_id=thread.chat_id, sender=sender, timestamp=timestamp,
-                         parent=parent, extra=extra or {})
-
-
-def orgparse_records(path_or_text, *, from_text: bool = False) -> list[MessageRecord]:
-    """Decode every heading of an archive file read with plain orgparse."""
-    root = orgparse.loads(path_or_text) if from_text else orgparse.load(path_or_text)
-    out = []
-    for node in root[1:]:
-        props = {key: str(value) for key, value in node.properties.items()}
-        body = node.get_body(format="raw").split("\n")
-        out.append(MessageRecord(
-            id=props["ID"], role=props["ROLE"], channel=props["CHANNEL"],
-            chat_id=decode_value(props["CHAT_ID"]),
-            text=decode_body(body, props.get("BODY_ENCODING") == "percent"),
-            sender=decode_value(props["SENDER"]) if "SENDER" in props else None,
-            timestamp=float(props["EPOCH"]), parent=props["PARENT"] or None,
-            turn_type=props["TURN_TYPE"],
-            extra={k: decode_value(v) for k, v in props.items() if k not in RESERVED_KEYS}))
-    return out
-
-
 @pytest.fixture
 def archive(tmp_path):
     with Archive(tmp_path / "memory") as opened:
         yield opened
-
-
-def say(text: str, thread: Thread = LOCAL, role: str = "user", **fields) -> NewMessage:
-    return NewMessage(role=role, text=text, thread=thread, **fields)
 
 
 # -- the org text: exact round trips ------------------------------------------------
@@ -217,103 +186,55 @@ def test_bad_input_is_refused_with_a_clear_message(archive):
         archive.search("bad \udc80 query")
 
 
-# -- torn writes -------------------------------------------------------------------------
+# Control characters as model text may hold them: ANSI colour and title sequences, C1 CSI.
+CONTROL_TEXTS = ["\x1b[31mred\x1b[0m", "bell\x07 nul\x00 del\x7f", "csi \x9b2J c1 \x80\x9f",
+                 "backspace a\x08b\tkept tab\nkept newline", "title \x1b]0;x\x07"]
 
 
-def entry_ends(archive, thread):
-    """Offsets where each complete entry of THREAD's file ends."""
-    data = archive.thread_file(thread).read_bytes()
-    starts = [i + 1 for i in range(len(data)) if data[i:i + 2] == b"\n*"]
-    return starts[1:] + [len(data)]
+def file_controls(path) -> set[str]:
+    """The control characters other than newline and tab in a file's text."""
+    return {c for c in path.read_text(encoding="utf-8")
+            if unicodedata.category(c) == "Cc" and c not in "\n\t"}
 
 
-def torn_files(path):
-    return sorted(path.parent.glob(path.name + ".torn-*"))
+@pytest.mark.parametrize("text", CONTROL_TEXTS)
+def test_control_characters_are_stored_escaped_and_read_back_exactly(archive, text):
+    thread = Thread("cli", "controls")
+    written = archive.append([say(text, thread, sender=text, extra={"NOTE": text}),
+                              say(text, thread, role="assistant")])
+    path = archive.thread_file(thread)
+    assert file_controls(path) == set()
+    body = path.read_text(encoding="utf-8")
+    assert ":BODY_ENCODING: percent" in body and ("%1B" in body or "%07" in body
+                                                   or "%C2%9B" in body or "%08" in body)
+    assert archive.read_thread(thread) == archive.history(thread) == written
+    assert orgparse_records(path) == written
 
 
-def test_a_crash_at_any_byte_of_the_last_write_loses_nothing(archive):
-    (first,) = archive.append([say("first")])
-    path = archive.thread_file(LOCAL)
-    before = path.stat().st_size
-    later = archive.append([say("line one\n* two\n\nthree 🙂\n", role="assistant"),
-                            say("déjà vu [2020-02-30 Sun]\r")])
-    full = path.read_bytes()
-    ends = entry_ends(archive, LOCAL)
-    for cut in range(before, len(full)):
-        path.write_bytes(full[:cut])
-        complete = [first] + [r for r, end in zip(later, ends[1:]) if end <= cut]
-        assert archive.read_thread(LOCAL) == complete
-        boundary = max(end for end in [before, *ends] if end <= cut)
-        reports = archive.repair()
-        assert len(reports) == (cut != boundary)
-        assert path.read_bytes() == full[:boundary]
-        fragments = torn_files(path)
-        assert [f.read_bytes() for f in fragments] == ([full[boundary:cut]] if reports else [])
-        for fragment in fragments:
-            fragment.unlink()
-        assert archive.history(LOCAL) == complete
+@settings(max_examples=150, deadline=None)
+@given(st.text(st.characters(codec="utf-8", categories=["Cc", "Ll", "Zs"]), max_size=40))
+def test_any_control_characters_stay_out_of_the_org_text(text):
+    record = make_record(text, sender=text, extra={"NOTE": text})
+    entry = render_entry(record)
+    assert {c for c in entry if unicodedata.category(c) == "Cc"} <= {"\n", "\t"}
+    assert parse_entry(entry.encode("utf-8")) == record
+    assert orgparse_records(render_header(LOCAL) + entry, from_text=True) == [record]
 
 
-def test_a_crash_inside_the_first_write_leaves_an_empty_file(archive):
-    archive.append([say("only")])
-    path = archive.thread_file(LOCAL)
-    full = path.read_bytes()
-    for cut in range(1, len(full)):
-        path.write_bytes(full[:cut])
-        assert archive.read_thread(LOCAL) == []
-        assert len(archive.repair()) == 1
-        assert path.read_bytes() == b"" and torn_files(path)[0].read_bytes() == full[:cut]
-        torn_files(path)[0].unlink()
-    assert archive.threads() == []
-    (again,) = archive.append([say("again")])
-    assert archive.read_thread(LOCAL) == [again] and again.parent is None
-
-
-def test_append_moves_a_torn_tail_aside_before_writing(archive):
-    first, second = archive.append([say("keep"), say("torn")])
-    path = archive.thread_file(LOCAL)
-    data = path.read_bytes()
-    path.write_bytes(data[:-3])
-    (third,) = archive.append([say("after")])
-    assert third.parent == first.id
-    assert archive.read_thread(LOCAL) == [first, third]
-    assert len(torn_files(path)) == 1
-
-
-def test_opening_repairs_torn_tails(tmp_path):
-    root = tmp_path / "memory"
-    with Archive(root) as archive:
-        (kept,) = archive.append([say("kept")])
-        archive.append([say("torn")])
-        path = archive.thread_file(LOCAL)
-    path.write_bytes(path.read_bytes()[:-10])
-    with Archive(root) as reopened:
-        assert reopened.read_thread(LOCAL) == [kept]
-        assert reopened.history(LOCAL) == [kept]
-        assert len(torn_files(path)) == 1
-
-
-def test_two_processes_appending_to_one_file_keep_a_single_chain(tmp_path):
-    root = tmp_path / "memory"
-    Archive(root).close()
-    script = textwrap.dedent(f"""
-        import sys
-        from opencortex.events import Thread
-        from opencortex.memory import Archive, NewMessage
-        with Archive({str(root)!r}) as archive:
-            for i in range(25):
-                archive.append([NewMessage(role="user", text=f"{{sys.argv[1]}} {{i}}\\nmore",
-                                           thread=Thread("cli", "local"))])
-    """)
-    workers = [subprocess.Popen([sys.executable, "-c", script, name]) for name in "AB"]
-    assert [w.wait(timeout=120) for w in workers] == [0, 0]
-    with Archive(root) as archive:
-        records = archive.read_thread(LOCAL)
-        assert len(records) == 50
-        assert [r.parent for r in records] == [None] + [r.id for r in records[:-1]]
-        assert archive.history(LOCAL, limit=50) == records
-        assert sorted(r.text for r in records) == sorted(
-            f"{n} {i}\nmore" for n in "AB" for i in range(25))
+def test_a_surrogate_is_refused_before_anything_is_written(archive):
+    other = Thread("cli", "other")
+    bad = NewMessage.model_construct(role="assistant", text="reply \udcff", thread=LOCAL,
+                                     sender=None, turn_type="speech", timestamp=None,
+                                     extra={}, parent="auto")
+    changed = say("fine", other, extra={"NOTE": "fine"})
+    changed.extra["NOTE"] = "bad \ud800"
+    for turn in ([say("question"), bad], [say("first thread", other), bad], [changed]):
+        with pytest.raises(ValueError, match="unpaired surrogate") as caught:
+            archive.append(turn)
+        assert "reply" not in str(caught.value) and "bad" not in str(caught.value)
+        assert not archive.thread_file(LOCAL).exists()
+        assert not archive.thread_file(other).exists()
+    assert archive.threads() == [] and archive.search("question") == []
 
 
 # -- the index -------------------------------------------------------------------------
@@ -385,21 +306,11 @@ def test_opening_indexes_entries_another_process_wrote_but_did_not_index(tmp_pat
 def test_opening_notices_a_file_cut_short_by_hand(tmp_path):
     root = tmp_path / "memory"
     with Archive(root) as archive:
-        first, _ = archive.append([say("stays"), say("removed by hand")])
+        (first,) = archive.append([say("stays")])
+        archive.append([say("removed by hand")])
         path = archive.thread_file(LOCAL)
         keep = entry_ends(archive, LOCAL)[0]
     path.write_bytes(path.read_bytes()[:keep])
     with Archive(root) as reopened:
         assert reopened.history(LOCAL) == [first]
         assert reopened.search("removed") == []
-
-
-def test_complete_length_of_header_only_and_empty_files():
-    header = render_header(LOCAL).encode("utf-8")
-    entry = render_entry(make_record("x")).encode("utf-8")
-    assert complete_length(b"") == 0
-    assert complete_length(header) == 0
-    assert complete_length(header + entry) == len(header + entry)
-    assert complete_length(header + entry + entry[:-1]) == len(header + entry)
-    with pytest.raises(EntryError):
-        parse_entry(entry[:-1])

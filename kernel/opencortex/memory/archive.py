@@ -10,11 +10,15 @@ when very long; the real chat id is always in the file's `#+CHAT_ID:` header.
 
 Writing: all messages of one append go, per thread, into ONE `os.write` on a
 file opened with O_APPEND under an exclusive `flock`, followed by `fsync`.
-Before writing, the writer reads only the file's last entry: if it is torn (a
-crash mid-write), its bytes are moved to `<file>.torn-<epoch>` first, and the
-id of the last complete entry becomes the PARENT of the new messages.  So the
-cost of an append does not grow with the size of memory, and two processes
-appending to the same file stay safe.  Readers take a shared `flock`.
+Each entry of that write is marked `:PART: k/N`, so a write (a turn) is one
+unit: written whole or not at all.  Before writing, the writer reads the file
+backwards only as far as its last write: if that write is incomplete (a crash
+mid-write: a torn entry, or fewer than N entries), the whole write is moved to
+`<file>.torn-<epoch>` first, and the id of the last complete entry becomes the
+PARENT of the new messages.  Readers never see an incomplete write (see
+`completeness`).  So the cost of an append does not grow with the size of
+memory, and two processes appending to the same file stay safe.  Readers take
+a shared `flock`.
 
 The index remembers how many bytes of each file it has seen; on open it reads
 only what grew since (and rereads a file that shrank).  After editing archive
@@ -36,8 +40,8 @@ from urllib.parse import quote
 
 from opencortex.events import Thread
 from opencortex.memory.index import MessageIndex
-from opencortex.memory.orgformat import (parse_thread_file, read_header_chat_id, render_entry,
-                                         render_header)
+from opencortex.memory.completeness import parse_thread_file
+from opencortex.memory.orgformat import Part, read_header_chat_id, render_entry, render_header
 from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit,
                                        check_thread, check_unicode)
 from opencortex.memory.threadfile import (ArchiveError, locked, read_range, settle_tail,
@@ -78,10 +82,21 @@ def _check_limit(limit: int) -> int:
 class Archive:
     """Remembered messages: org files per thread plus a SQLite FTS5 index."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, read_only: bool = False):
+        """Open the archive at ROOT (created when missing), repairing torn writes.
+
+        READ_ONLY (a home that cannot be written): nothing is created or repaired,
+        the index is built in memory from the org files, and `append` refuses.
+        """
         self.root = Path(root)
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.read_only = read_only
         self._lock = threading.RLock()
+        if read_only:
+            self._index = MessageIndex(Path(":memory:"))
+            with self._lock:
+                self._catch_up()
+            return
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._index = MessageIndex(self.root / INDEX_NAME)
         self.repair()
 
@@ -131,9 +146,15 @@ class Archive:
         ("auto"), the message before it in the batch, or for the first one the
         last complete entry of the file; an explicit id must name a message
         already in the same thread (ValueError otherwise, and nothing is written).
+
+        Every message is validated again first, so one that cannot be stored
+        (text with an unpaired surrogate, say, in a message built without
+        validation) raises ValueError before anything is written.
         """
-        batch = [m if isinstance(m, NewMessage) else NewMessage.model_validate(m)
-                 for m in messages]
+        if self.read_only:
+            raise ArchiveError(f"the archive at {self.root} is open read-only; nothing "
+                               "can be saved (make the home writable, or use another --home)")
+        batch = [NewMessage.model_validate(m) for m in messages]
         by_thread: dict[Thread, list[int]] = {}
         for position, message in enumerate(batch):
             by_thread.setdefault(message.thread, []).append(position)
@@ -173,7 +194,7 @@ class Archive:
             size, parent, _ = settle_tail(fd, path, name)
             header = render_header(thread).encode("utf-8") if size == 0 else b""
             records, chunks = [], []
-            for message in messages:
+            for number, message in enumerate(messages, start=1):
                 if message.parent != "auto":
                     parent = message.parent
                 record = MessageRecord(
@@ -182,7 +203,7 @@ class Archive:
                     timestamp=now if message.timestamp is None else message.timestamp,
                     parent=parent, turn_type=message.turn_type, extra=dict(message.extra))
                 records.append(record)
-                chunks.append(render_entry(record).encode("utf-8"))
+                chunks.append(render_entry(record, Part(number, len(messages))).encode("utf-8"))
                 parent = record.id
             blob = header + b"".join(chunks)
             try:
@@ -270,14 +291,16 @@ class Archive:
         if parsed.skipped:
             log.warning("%s: skipped %d malformed entries", self._name(path), parsed.skipped)
         if parsed.length < len(data):
-            log.warning("%s ends with a torn entry of %d bytes; Archive.repair() moves it aside",
-                        self._name(path), len(data) - parsed.length)
+            log.warning("%s ends with an incomplete write of %d bytes; "
+                        "Archive.repair() moves it aside", self._name(path),
+                        len(data) - parsed.length)
         return [record for _, record in parsed.entries if record.thread == thread]
 
     # -- maintenance -------------------------------------------------------
 
     def repair(self) -> list[str]:
-        """Move torn last entries aside (losing nothing), then bring the index up to date.
+        """Move incomplete last writes aside whole (losing nothing), then bring the
+        index up to date.
 
         Returns one report per file that was repaired.
         """

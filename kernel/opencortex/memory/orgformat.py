@@ -12,6 +12,11 @@ then one level-1 heading per message::
     :END:
     <body>
 
+Every entry written by one append (for one thread) carries `:PART: k/N`: it is
+the k-th of the N entries of that write.  A write is one unit, a turn: the
+complete part of a file ends after the last entry whose PART is `N/N` (or that
+has no PART, as in files written before it existed); see `completeness`.
+
 Property values are single lines.  They are percent-encoded (UTF-8 bytes as
 `%XX`) only where org would misread them: `%` itself, `[` and `<` (dates),
 control characters, line separators, whitespace at either end, and the `:` of
@@ -28,11 +33,14 @@ otherwise mangle (line separators other than "\\n" such as "\\r", U+2028 or
 form feed; `[`/`<` followed by a digit, which orgparse reads as dates and
 crashes on when invalid; `- State "..."` lines it silently drops) are stored
 with `:BODY_ENCODING: percent`: `%`, `[`, `<` and those separators are
-percent-encoded before the comma escape.
+percent-encoded before the comma escape.  So are texts holding C0/C1 control
+characters other than "\\n" and "\\t" (NUL, the ESC of ANSI escape sequences,
+DEL, ...): they are written as `%XX`, so the file stays plain text a person can read.
 
 `:BODY_LINES:` records how many body lines were written.  A last entry that
 does not end in "\\n", lacks its drawer or required properties, or has fewer
-body lines than recorded is torn (a crash mid-write); see `complete_length`.
+body lines than recorded is torn (a crash mid-write), and so is the write it
+belongs to; see `completeness`.
 """
 
 from __future__ import annotations
@@ -44,28 +52,54 @@ from datetime import datetime
 from typing import NamedTuple
 from urllib.parse import unquote
 
-import orgparse
-
 from opencortex.events import Thread
 from opencortex.memory.records import ROLES, MessageRecord
 
 REQUIRED_KEYS = ("ID", "ROLE", "CHANNEL", "CHAT_ID", "EPOCH", "TURN_TYPE", "BODY_LINES")
-STANDARD_KEYS = frozenset(REQUIRED_KEYS) | {"SENDER", "TIMESTAMP", "PARENT", "BODY_ENCODING"}
+STANDARD_KEYS = frozenset(REQUIRED_KEYS) | {"SENDER", "TIMESTAMP", "PARENT", "BODY_ENCODING",
+                                             "PART"}
 PERCENT = "percent"
 
 # Characters str.splitlines() (and so orgparse.loads) treats as line breaks, besides "\n".
 LINE_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-_BODY_NEEDS_PERCENT = re.compile(rf"[{LINE_BREAKS}]|[\[<]\d|-\s+State\s")
-_BODY_PERCENTED = re.compile(rf"[%\[<{LINE_BREAKS}]")
+# A regex class body: the C0 and C1 control characters except "\n" and "\t", and DEL.
+CONTROLS = "\x00-\x08\x0b-\x1f\x7f-\x9f"
+_BODY_NEEDS_PERCENT = re.compile(rf"[{CONTROLS}{LINE_BREAKS}]|[\[<]\d|-\s+State\s")
+_BODY_PERCENTED = re.compile(rf"[%\[<{CONTROLS}{LINE_BREAKS}]")
+_PART = re.compile(r"([1-9][0-9]{0,8})/([1-9][0-9]{0,8})")
 _STRUCTURE = re.compile(r"\*|\s*#\+|\s*:[\w-]*:\s*\Z")
 _DRAWER_WORD = re.compile(r":(?=(?:end|properties):)", re.IGNORECASE)
 _HEADING = re.compile(r"\* (\w+)(?: .*)?")
 _PROPERTY = re.compile(r":([A-Z0-9_]+):(?: +(.*))?")
-HEADING_START = re.compile(rb"(?m)^\*+ ")
 
 
 class EntryError(ValueError):
     """An entry is incomplete or malformed; the message says what is missing."""
+
+
+class Part(NamedTuple):
+    """An entry's place in the write that stored it: the NUMBER-th of TOTAL entries."""
+
+    number: int
+    total: int
+
+    def __str__(self) -> str:
+        return f"{self.number}/{self.total}"
+
+
+class Entry(NamedTuple):
+    """One strictly parsed entry: its record and its PART (None in files older than PART)."""
+
+    record: MessageRecord
+    part: Part | None
+
+
+def parse_part(value: str) -> Part:
+    """The Part that a `:PART:` value `k/N` names (1 <= k <= N); EntryError if malformed."""
+    match = _PART.fullmatch(value)
+    if match is None or int(match.group(1)) > int(match.group(2)):
+        raise EntryError(f"entry has a malformed PART {value[:40]!r}")
+    return Part(int(match.group(1)), int(match.group(2)))
 
 
 def _percent(char: str) -> str:
@@ -122,8 +156,11 @@ def render_header(thread: Thread) -> str:
             f"#+CHAT_ID: {encode_value(chat_id)}\n\n")
 
 
-def render_entry(record: MessageRecord) -> str:
-    """The org text of one message: heading, property drawer, body; ends with "\\n"."""
+def render_entry(record: MessageRecord, part: Part | None = None) -> str:
+    """The org text of one message: heading, property drawer, body; ends with "\\n".
+
+    PART, written as `:PART: k/N`, says which entry of its write this one is.
+    """
     lines, percent = encode_body(record.text)
     when = datetime.fromtimestamp(record.timestamp)
     props = [("ID", record.id), ("ROLE", record.role), ("CHANNEL", record.channel),
@@ -137,6 +174,8 @@ def render_entry(record: MessageRecord) -> str:
               ("BODY_LINES", str(len(lines)))]
     if percent:
         props.append(("BODY_ENCODING", PERCENT))
+    if part is not None:
+        props.append(("PART", str(part)))
     props += [(key, encode_value(value)) for key, value in sorted(record.extra.items())]
     out = [f"* {record.role} [{when:%Y-%m-%d %a %H:%M}]", ":PROPERTIES:"]
     out += [_property_line(key, value) for key, value in props]
@@ -165,6 +204,8 @@ def record_from_fields(props: Mapping[str, str], body_lines: list[str], *,
     encoding = props.get("BODY_ENCODING", "")
     if encoding not in ("", PERCENT):
         raise EntryError(f"entry has unknown BODY_ENCODING {encoding!r}")
+    if "PART" in props:
+        parse_part(props["PART"])
     try:
         return MessageRecord(
             id=props["ID"], role=props["ROLE"], channel=props["CHANNEL"],
@@ -181,6 +222,11 @@ def record_from_fields(props: Mapping[str, str], body_lines: list[str], *,
 
 def parse_entry(data: bytes) -> MessageRecord:
     """Strictly parse the bytes of ONE entry (heading to end); EntryError if torn or malformed."""
+    return read_entry(data).record
+
+
+def read_entry(data: bytes) -> Entry:
+    """Like `parse_entry`, with the entry's PART (None when it has none)."""
     if not data.endswith(b"\n"):
         raise EntryError("entry does not end with a newline")
     try:
@@ -195,69 +241,13 @@ def parse_entry(data: bytes) -> MessageRecord:
     props: dict[str, str] = {}
     for number, line in enumerate(lines[2:], start=2):
         if line == ":END:":
-            return record_from_fields(props, lines[number + 1:], check_length=True)
+            record = record_from_fields(props, lines[number + 1:], check_length=True)
+            return Entry(record, parse_part(props["PART"]) if "PART" in props else None)
         match = _PROPERTY.fullmatch(line)
         if match is None:
             raise EntryError(f"entry line {number + 1} is not a property")
         props[match.group(1)] = match.group(2) or ""
     raise EntryError("entry property drawer has no :END:")
-
-
-def last_entry_start(data: bytes, end: int | None = None) -> int | None:
-    """Offset of the last line starting with `*` in DATA[:END], or None if there is none."""
-    end = len(data) if end is None else end
-    found = data.rfind(b"\n*", 0, end)
-    if found >= 0:
-        return found + 1
-    return 0 if end > 0 and data.startswith(b"*") else None
-
-
-def complete_length(data: bytes) -> int:
-    """Length of the complete part of a thread file's bytes (drops a torn last entry).
-
-    The header is written together with the first entry, so a file with no
-    complete entry has no complete part at all: its length is 0.
-    """
-    start = last_entry_start(data)
-    if start is None:
-        return 0
-    try:
-        parse_entry(data[start:])
-    except EntryError:
-        return start if last_entry_start(data, start) is not None else 0
-    return len(data)
-
-
-class ParsedFile(NamedTuple):
-    entries: list[tuple[int, MessageRecord]]   # (offset in the file, record), in file order
-    skipped: int                               # entries without the properties of a message
-    length: int                                # bytes of the complete part (a torn tail excluded)
-
-
-def parse_thread_file(data: bytes, base: int = 0) -> ParsedFile:
-    """Parse the complete entries of DATA with orgparse.
-
-    DATA is a whole thread file, or a tail of one starting at an entry whose
-    offset in the file is BASE.
-    """
-    end = complete_length(data)
-    text = data[:end].decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()   # the file's final newline ends the last line, it opens no new one
-    root = orgparse.loadi(lines)
-    starts = [m.start() for m in HEADING_START.finditer(data, 0, end)]
-    entries, skipped = [], 0
-    for node, start in zip(root[1:], starts, strict=True):
-        props = {key: str(value) for key, value in node.properties.items()}
-        try:
-            record = record_from_fields(props, node.get_body(format="raw").split("\n"),
-                                        check_length=False)
-        except EntryError:
-            skipped += 1
-            continue
-        entries.append((base + start, record))
-    return ParsedFile(entries, skipped, end)
 
 
 def read_header_chat_id(head: bytes) -> str | None:

@@ -24,7 +24,7 @@ TURN_TYPES: tuple[str, ...] = ("speech", "action", "thought", "yield", "silence"
 # Property names the archive writes itself; `extra` may not reuse them.
 RESERVED_KEYS = frozenset({
     "ID", "ROLE", "CHANNEL", "CHAT_ID", "SENDER", "TIMESTAMP", "EPOCH", "PARENT",
-    "TURN_TYPE", "BODY_LINES", "BODY_ENCODING", "END", "PROPERTIES",
+    "TURN_TYPE", "BODY_LINES", "BODY_ENCODING", "PART", "END", "PROPERTIES",
 })
 EXTRA_KEY = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 CHANNEL_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -88,9 +88,15 @@ class NewMessage(BaseModel):
     PARENT defaults to "auto" (the previous message of the same append, or the
     last complete entry of the thread's file); set it to an id to branch from
     an earlier message, or to None for a message that follows nothing.
+
+    Validating an existing instance checks it again (`revalidate_instances`):
+    the archive does so before writing, which catches one built with
+    `model_construct` or whose `extra` dict was changed after it was made.
+    Error messages never quote the input (it is message content).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, revalidate_instances="always",
+                              hide_input_in_errors=True)
 
     role: Role
     text: str

@@ -1,9 +1,9 @@
 """A thread's org file on disk: locking, reading the tail, moving a torn tail aside.
 
 Writers hold an exclusive `flock` (file opened read-write with O_APPEND);
-readers hold a shared one.  Settling the tail before an append reads only the
-file's last entry (searching backwards for the last line starting with `*`),
-so its cost does not grow with the size of the file.
+readers hold a shared one.  Settling the tail before an append reads the file
+backwards (searching for lines starting with `*`) only as far as its last
+write reaches, so its cost does not grow with the size of the file.
 """
 
 from __future__ import annotations
@@ -11,18 +11,17 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
-from opencortex.memory.orgformat import EntryError, parse_entry
+from opencortex.memory.completeness import complete_end
 
 log = logging.getLogger(__name__)
 
 TAIL_CHUNK = 1 << 16         # bytes read at a time when looking for the last entry
-_ID_LINE = re.compile(rb"(?m)^:ID:[ \t]*(\S+)[ \t]*$")
 
 
 class ArchiveError(RuntimeError):
@@ -61,16 +60,19 @@ def read_last_entry(fd: int, size: int) -> tuple[int | None, bytes]:
 
     Reads backwards from the end, so the cost is the size of the last entry.
     """
-    end, buffer = size, b""
+    pieces: list[bytes] = []      # read so far, last piece of the file first
+    end = size
     while end > 0:
         start = max(0, end - TAIL_CHUNK)
         piece = read_range(fd, start, end)
-        buffer = piece + buffer
-        found = buffer.rfind(b"\n*", 0, len(piece) + 1)
+        # A "\n*" may straddle two pieces: look at the first byte of the later one too.
+        found = (piece + pieces[-1][:1] if pieces else piece).rfind(b"\n*")
+        pieces.append(piece)
         if found >= 0:
-            return start + found + 1, buffer[found + 1:]
+            return start + found + 1, b"".join(reversed(pieces))[found + 1:]
         end = start
-    return (0, buffer) if buffer.startswith(b"*") else (None, buffer)
+    data = b"".join(reversed(pieces))
+    return (0, data) if data.startswith(b"*") else (None, data)
 
 
 def move_aside(fd: int, path: Path, start: int, size: int) -> Path:
@@ -111,7 +113,7 @@ def truncate_quietly(fd: int, size: int) -> None:
 
 
 def settle_tail(fd: int, path: Path, name: str) -> tuple[int, str | None, str | None]:
-    """Under an exclusive lock, move a torn last entry aside.
+    """Under an exclusive lock, move an incomplete last write aside (the whole write).
 
     Returns (file size, id of the last complete entry or None, report or None).
     A file left without any complete entry is emptied: its header goes with
@@ -120,18 +122,11 @@ def settle_tail(fd: int, path: Path, name: str) -> tuple[int, str | None, str | 
     size = os.fstat(fd).st_size
     if size == 0:
         return 0, None, None
-    start, tail = read_last_entry(fd, size)
-    if start is None:
-        reason = "the file holds no complete entry"
-    else:
-        try:
-            return size, parse_entry(tail).id, None
-        except EntryError as error:
-            reason = str(error)
-    previous, before = read_last_entry(fd, start) if start else (None, b"")
-    cut = start if previous is not None else 0
-    target = move_aside(fd, path, cut, size)
-    report = f"{name}: moved {size - cut} bytes of a torn last entry ({reason}) to {target.name}"
+    end = complete_end(partial(read_last_entry, fd), size)
+    if end.reason is None:
+        return size, end.last_id, None
+    target = move_aside(fd, path, end.length, size)
+    report = (f"{name}: moved {size - end.length} bytes of an incomplete last write "
+              f"({end.reason}) to {target.name}")
     log.warning("%s", report)
-    match = _ID_LINE.search(before) if previous is not None else None
-    return cut, match.group(1).decode("utf-8", "replace") if match else None, report
+    return end.length, end.last_id, report

@@ -1,0 +1,56 @@
+"""Working memory only: threads of a channel configured with `archive = false`.
+
+A bridge can be kept out of the org archive and the search index (`[bridges.NAME]
+archive = false`).  Its threads still need a log for the working context,
+branches and commands, so `WorkingMemory` offers the two calls the thread log
+makes of the archive — `thread_records` and `append` — and keeps the records in
+this process only, at most `limit` per thread (the oldest are forgotten).
+Nothing is written to disk; a restart forgets it all.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+
+from opencortex.events import Thread
+from opencortex.memory.records import MessageRecord, NewMessage, check_thread
+
+THREAD_LIMIT = 2000   # records kept per thread
+
+
+class WorkingMemory:
+    """Messages kept in memory, by thread, never on disk."""
+
+    def __init__(self, limit: int = THREAD_LIMIT):
+        self.limit = limit
+        self._threads: dict[Thread, list[MessageRecord]] = {}
+
+    def thread_records(self, thread: Thread) -> list[MessageRecord]:
+        """Every message still kept for THREAD, oldest first."""
+        return list(self._threads.get(check_thread(thread), ()))
+
+    def history(self, thread: Thread, limit: int = 20) -> list[MessageRecord]:
+        """The last LIMIT messages of THREAD, oldest first."""
+        return self.thread_records(thread)[-limit:] if limit else []
+
+    def append(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
+        """Keep MESSAGES (one turn); PARENT "auto" links each to the one before it."""
+        batch = [m if isinstance(m, NewMessage) else NewMessage.model_validate(m)
+                 for m in messages]
+        now, records = time.time(), []
+        for message in batch:
+            kept = self._threads.setdefault(message.thread, [])
+            parent = message.parent if message.parent != "auto" else \
+                (kept[-1].id if kept else None)
+            record = MessageRecord(
+                id=str(uuid.uuid4()), role=message.role, text=message.text,
+                channel=message.thread.channel, chat_id=message.thread.chat_id,
+                sender=message.sender, parent=parent, turn_type=message.turn_type,
+                timestamp=now if message.timestamp is None else message.timestamp,
+                extra=dict(message.extra))
+            kept.append(record)
+            del kept[:max(0, len(kept) - self.limit)]
+            records.append(record)
+        return records
