@@ -2,6 +2,7 @@
 
     python bench/bench_core.py            # 1k and 100k archived messages
     python bench/bench_core.py --million  # also 1M (takes a while and ~1 GB of disk)
+    python bench/bench_core.py --quick    # a few seconds: 1k only, short runs
 
 Figures:
 - reader throughput against bare sexpdata: a ~500-byte plist and a 100 KB reply;
@@ -49,11 +50,11 @@ def rate(function, text: str, seconds: float = 1.0) -> float:
     return count / (time.perf_counter() - started)
 
 
-def bench_reader() -> None:
+def bench_reader(seconds: float = 1.0) -> None:
     print("reader (forms/s)            opencortex.reader   bare sexpdata   ratio")
     for label, text in (("~500-byte plist", SMALL), ("100 KB reply", LARGE)):
-        ours = rate(read_plist, text)
-        bare = rate(lambda t: sexpdata.loads(t, nil=None, true=None), text)
+        ours = rate(read_plist, text, seconds)
+        bare = rate(lambda t: sexpdata.loads(t, nil=None, true=None), text, seconds)
         print(f"  {label:<25} {ours:>16,.0f} {bare:>15,.0f} {ours / bare:>7.2f}")
 
 
@@ -81,7 +82,7 @@ def append_cost(archive: Archive, turns: int = 300) -> float:
     return statistics.median(times)
 
 
-def bench_archive(sizes: list[int]) -> None:
+def bench_archive(sizes: list[int], turns: int = 300) -> None:
     print("archive: median cost of appending one turn (2 messages, lock + write + fsync + index)")
     costs = {}
     for size in sizes:
@@ -90,7 +91,7 @@ def bench_archive(sizes: list[int]) -> None:
             started = time.perf_counter()
             fill(archive, size)
             filled = time.perf_counter() - started
-            costs[size] = append_cost(archive)
+            costs[size] = append_cost(archive, turns)
             archive.close()
         print(f"  at {size:>9,} archived: {costs[size] * 1e3:7.3f} ms/turn  (fill took {filled:.1f} s)")
     base = costs[sizes[0]]
@@ -134,30 +135,33 @@ def bench_kernel(turns: int = 500) -> None:
               + ("   (target p50 < 2 ms)" if label.startswith("the rest") else ""))
 
 
-def bench_skill_load() -> None:
+def bench_skill_load(runs: int = 3) -> None:
     code = ("import time; t = time.perf_counter(); "
             "from opencortex.config import load_config; from opencortex.runtime import load_skills; "
             "r = load_skills(load_config('/tmp/opencortex-bench-home')); "
             "print(len(r.skills), time.perf_counter() - t)")
-    runs = []
-    for _ in range(3):
+    seconds = []
+    for _ in range(runs):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=120, check=True).stdout.split()
-        runs.append(float(out[1]))
+        seconds.append(float(out[1]))
     print(f"skills: {out[0]} loaded cold (fresh interpreter, imports included): "
-          f"median {statistics.median(runs) * 1e3:.0f} ms")
+          f"median {statistics.median(seconds) * 1e3:.0f} ms")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--million", action="store_true", help="also measure at 1M messages")
     parser.add_argument("--skip-archive", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few seconds: short reader runs, 1k archive, 50 turns")
     args = parser.parse_args()
-    bench_reader()
+    bench_reader(0.2 if args.quick else 1.0)
     if not args.skip_archive:
-        bench_archive([1_000, 100_000] + ([1_000_000] if args.million else []))
-    bench_kernel()
-    bench_skill_load()
+        sizes = [1_000] if args.quick else [1_000, 100_000]
+        bench_archive(sizes + ([1_000_000] if args.million else []), 50 if args.quick else 300)
+    bench_kernel(50 if args.quick else 500)
+    bench_skill_load(1 if args.quick else 3)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Emacs benchmark (a script, not a test): a real `emacs --batch` over real EPC.
 
     python bench/bench_emacs.py [--messages 200]
+    python bench/bench_emacs.py --quick   # a few seconds: 20 messages, 2 short streams
 
 The kernel runs in this process (so the moment the backend yields a chunk can be
 stamped); Emacs connects to it through the connection file, as `M-x
@@ -73,9 +74,10 @@ DRIVER = """
 class TimedBackend(EchoBackend):
     """Echo, stamping when the first chunk is yielded; "stream N" gives a long fast stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, words: int = 3000) -> None:
         super().__init__(warning=None)
         self.first_yield: list[float] = []
+        self.words = words
 
     async def stream(self, request: PromptRequest):
         said = request.messages[-1].content.rsplit("\n\n", 1)[-1]  # after any recalled block
@@ -83,7 +85,7 @@ class TimedBackend(EchoBackend):
             async for item in super().stream(request):
                 yield item
             return
-        words = " ".join(f"w{i}" for i in range(3000))
+        words = " ".join(f"w{i}" for i in range(self.words))
         form = ('(:type :REQUEST :target :emacs :action :insert-at-end '
                 f':buffer "*opencortex-chat*" :text "* Stream\\n{words}")')
         for index in range(0, len(form), 4):
@@ -95,13 +97,13 @@ class TimedBackend(EchoBackend):
         yield Usage(model="timed-echo", estimated=True)
 
 
-async def run(messages: int, streams: int) -> None:
+async def run(messages: int, streams: int, words: int = 3000) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         config = load_config(tmp_path / "home")
         connection = tmp_path / "kernel.json"
         out = tmp_path / "result.json"
-        backend = TimedBackend()
+        backend = TimedBackend(words)
         stop = asyncio.Event()
         kernel_task = asyncio.create_task(serve(config, connection_file=connection,
                                                 stdout=open("/dev/null", "w"),
@@ -139,10 +141,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--streams", type=int, default=10)
+    parser.add_argument("--quick", action="store_true",
+                        help="20 messages, 2 streams of 500 words")
     args = parser.parse_args()
-    asyncio.run(run(args.messages, args.streams))
+    if args.quick:
+        args.messages, args.streams = 20, 2
+    asyncio.run(run(args.messages, args.streams, 500 if args.quick else 3000))
     print("kernel-side time per turn:")
-    bench_kernel(300)
+    bench_kernel(30 if args.quick else 300)
 
 
 if __name__ == "__main__":

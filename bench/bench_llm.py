@@ -1,6 +1,7 @@
 """Benchmark figures for the LLM backends (a script, not a test): prints, asserts nothing.
 
     python bench/bench_llm.py [--chunks 2000] [--runs 31]
+    python bench/bench_llm.py --quick     # a few seconds: 200 chunks, 3 runs
 
 A loopback imitation of each provider (tests/llm_fakes.py, in a process of its
 own) streams a reply of N chunks; the same stream is read three ways:
@@ -11,8 +12,9 @@ own) streams a reply of N chunks; the same stream is read three ways:
 - kernel turn: `kernel.handle(event)` with a chunk observer — event parsing,
   history, the chat skill's prompt, the backend, and (after the stream) reading,
   verification, actuation and the archive.
-All three send the same request: the chat skill's prompt for "hi" (history off,
-so it does not grow from turn to turn).  The fake sends each reply in one write
+All three send the same request: the chat skill's prompt for "hi" (each kernel
+turn in a thread of its own with recall off, so the prompt does not grow from
+turn to turn).  The fake sends each reply in one write
 (so the client, not the server, sets the pace) and the garbage collector is
 paused during each read, as timeit does.  The readers take turns; figures are
 the best of the runs (as timeit advises: slower runs measure other load on the
@@ -100,10 +102,10 @@ async def bare_openai(client: Any, params: dict[str, Any]) -> Timing:
     return watch.timing()
 
 
-def kernel_request(kernel: Any) -> PromptRequest:
+async def kernel_request(kernel: Any) -> PromptRequest:
     """The prompt the kernel's chat skill builds for "hi" on the CLI."""
-    event = chat_message("hi")
-    ctx = kernel.context(event)
+    event = chat_message("hi", "cli", "bench-prompt")
+    ctx = await kernel.context(event)
     skill = next(s for s in kernel.skills.matching(ctx) if s.probabilistic)
     built = PromptRequest.model_validate(dict(skill.probabilistic(ctx)))
     return built.model_copy(update={"reply_to": ReplyAddress(
@@ -137,7 +139,8 @@ class Clock(TurnObserver):
 def kernel_reader(kernel: Any, turns: list[float]) -> Callable[[], Awaitable[Timing]]:
     async def read() -> Timing:
         clock = Clock()
-        result = await kernel.handle(chat_message("hi"), clock)
+        thread = f"bench-{len(turns)}"  # a fresh thread: no history, the same prompt
+        result = await kernel.handle(chat_message("hi", "cli", thread), clock)
         turns.append(time.perf_counter() - clock.watch.wall)
         if result.status != "done":
             raise SystemExit(f"kernel turn failed: {result.errors}")
@@ -146,10 +149,11 @@ def kernel_reader(kernel: Any, turns: list[float]) -> Callable[[], Awaitable[Tim
 
 
 async def interleaved(readers: list[Callable[[], Awaitable[Timing]]],
-                      runs: int) -> tuple[list[Timing], float]:
-    """The best (TTFC, stream, CPU) of each reader over RUNS; the readers take turns."""
+                      runs: int, warm: int = 3) -> tuple[list[Timing], float]:
+    """The best (TTFC, stream, CPU) of each reader over RUNS, after WARM unmeasured
+    reads each (SDK import, connection, caches); the readers take turns."""
     for read in readers:
-        for _ in range(3):  # warm: SDK import, connection, caches
+        for _ in range(warm):
             await read()
     timings: list[list[Timing]] = [[] for _ in readers]
     for _ in range(runs):
@@ -175,12 +179,12 @@ async def bench(kind: str, port: int, chunks: int, runs: int, home: Path) -> Non
     os.environ["ANTHROPIC_API_KEY"] = os.environ["OPENAI_API_KEY"] = "bench-key"
     os.environ["ANTHROPIC_BASE_URL"], os.environ["OPENAI_BASE_URL"] = url, f"{url}/v1"
     home.mkdir(parents=True, exist_ok=True)
-    (home / "config.toml").write_text("[chat]\nhistory_limit = 0\n")  # same request each turn
+    (home / "config.toml").write_text("[conversation]\nrecall_k = 0\n")  # same request each turn
     config = load_config(home, backend=kind)
     backend = make_backend(config)
     turns: list[float] = []
     kernel = build_kernel(config, writer=lambda text: None)
-    request = kernel_request(kernel)
+    request = await kernel_request(kernel)
     params = backend.primary.request_params(request, backend.primary.choice_for(request))
     if kind == "anthropic":
         import anthropic
@@ -193,7 +197,7 @@ async def bench(kind: str, port: int, chunks: int, runs: int, home: Path) -> Non
         bare_read = bare_openai
     (bare, through_backend, through_kernel), spread = await interleaved(
         [lambda: bare_read(client, params), backend_reader(backend, request),
-         kernel_reader(kernel, turns)], runs)
+         kernel_reader(kernel, turns)], runs, warm=1 if runs < 10 else 3)
     await client.close()
     await backend.aclose()
     await kernel.aclose()
@@ -207,7 +211,7 @@ async def bench(kind: str, port: int, chunks: int, runs: int, home: Path) -> Non
               f"{cpu * 1e3:>8.2f} {(cpu - bare[2]) / chunks * 1e6:>14.2f} "
               f"{(cpu / bare[2] - 1) * 100:>5.1f}%")
     print(f"  whole kernel turn (stream + read + verify + act + archive): "
-          f"{statistics.median(turns[3:]) * 1e3:.2f} ms; the bare SDK's stream time varies "
+          f"{statistics.median(turns[-runs:]) * 1e3:.2f} ms; the bare SDK's stream time varies "
           f"±{spread * 100:.1f} % between its quartiles")
 
 
@@ -255,8 +259,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=31)
+    parser.add_argument("--quick", action="store_true", help="200 chunks, 3 runs")
     args = parser.parse_args()
-    asyncio.run(machinery())
+    if args.quick:
+        args.chunks, args.runs = 200, 3
+    asyncio.run(machinery(20_000 if args.quick else 200_000))
     server, port = start_server(args.chunks)
     try:
         with tempfile.TemporaryDirectory() as home:

@@ -2,6 +2,7 @@
 
     python bench/bench_recall.py              # 10k and 100k archived messages
     python bench/bench_recall.py --million    # also 1M (takes several minutes, ~1 GB disk)
+    python bench/bench_recall.py --quick      # a few seconds: 10k only, 50 queries
 
 The archive holds synthetic messages: a Zipf-distributed vocabulary of 50k words
 plus English function words, over 300 threads of which 30 belong to the local
@@ -70,7 +71,7 @@ def timed(call, queries: list[str]) -> list[float]:
     return times
 
 
-def bench(size: int) -> None:
+def bench(size: int, count: int = 300) -> None:
     rng = random.Random(size)
     with tempfile.TemporaryDirectory() as tmp:
         archive = Archive(Path(tmp))
@@ -78,7 +79,7 @@ def bench(size: int) -> None:
         fill(archive, size, rng)
         filled = time.perf_counter() - started
         recall = Recall(archive, {})
-        queries = [sentence(rng, words=6) for _ in range(300)]
+        queries = [sentence(rng, words=6) for _ in range(count)]
         time.sleep(SETTLE_NS / 1e9)              # let the directory times settle (see Recall)
         recall.recall(THREADS[0], queries[0])    # read the thread list once
         print(f"at {size:,} archived messages (fill took {filled:.1f} s)")
@@ -86,7 +87,7 @@ def bench(size: int) -> None:
                       timed(lambda q: recall.recall(THREADS[0], q, k=5), queries)))
         print(figures("recall, one Telegram user",
                       timed(lambda q: recall.recall(THREADS[40], q, k=5), queries)))
-        common = [" ".join(rng.sample(FUNCTION_WORDS, 3)) for _ in range(100)]
+        common = [" ".join(rng.sample(FUNCTION_WORDS, 3)) for _ in range(max(1, count // 3))]
         print(figures("search, function words only, all",
                       timed(lambda q: archive.search(q, limit=5), common)))
         archive.close()
@@ -95,10 +96,12 @@ def bench(size: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--million", action="store_true", help="also measure at 1M messages")
+    parser.add_argument("--quick", action="store_true", help="10k messages, 50 queries")
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}")
-    for size in [10_000, 100_000] + ([1_000_000] if args.million else []):
-        bench(size)
+    sizes = [10_000] if args.quick else [10_000, 100_000]
+    for size in sizes + ([1_000_000] if args.million else []):
+        bench(size, 50 if args.quick else 300)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Shell actuator benchmark (a script, not a test): prints figures, asserts nothing.
 
     python bench/bench_shell.py
+    python bench/bench_shell.py --quick   # a few seconds: 5 runs, 40 MB of output
 
 Figures:
 - cost of one approved command that does nothing (`true`), p50 over 30 runs:
@@ -15,6 +16,7 @@ Each case also says whether a process it started is still running afterwards.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import statistics
@@ -66,9 +68,9 @@ def memory_kb(field: str) -> int:
     return 0
 
 
-def bench_start_cost() -> None:
+def bench_start_cost(runs: int = 30) -> None:
     """p50 of an approved `true`."""
-    seconds = [run_once(ShellSettings(), ["true"])[0] for _ in range(30)]
+    seconds = [run_once(ShellSettings(), ["true"])[0] for _ in range(runs)]
     print(f"approved `true`: p50 {statistics.median(seconds) * 1000:.1f} ms")
 
 
@@ -84,20 +86,24 @@ def bench_setsid_escape() -> None:
         os.kill(pid, 9)
 
 
-def bench_big_output() -> None:
-    """Peak RSS growth while a command writes 400 MB."""
+def bench_big_output(megabytes: int = 400) -> None:
+    """Peak RSS growth while a command writes MEGABYTES MB."""
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
     before = memory_kb("VmRSS")
-    seconds, result = run_once(ShellSettings(timeout=120.0), ["head", "-c", "400000000", "/dev/zero"])
+    seconds, result = run_once(ShellSettings(timeout=120.0),
+                               ["head", "-c", str(megabytes * 1_000_000), "/dev/zero"])
     grown = (memory_kb("VmHWM") - before) / 1024
     note = result.rsplit("\n", 1)[-1]
-    print(f"400 MB of output: peak RSS +{grown:.1f} MB, {seconds:.2f} s; {note}")
+    print(f"{megabytes} MB of output: peak RSS +{grown:.1f} MB, {seconds:.2f} s; {note}")
 
 
 def main() -> None:
-    bench_start_cost()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="5 runs, 40 MB of output")
+    quick = parser.parse_args().quick
+    bench_start_cost(5 if quick else 30)
     bench_setsid_escape()
-    bench_big_output()
+    bench_big_output(40 if quick else 400)
 
 
 if __name__ == "__main__":

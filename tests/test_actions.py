@@ -4,7 +4,7 @@ from pydantic import BaseModel
 from opencortex.actions import (ActionRejected, ChatIdMessage, CliPrint, EmacsInsert, Log,
                                 MatrixMessage, Response, ShellCommand, ToolCall, reply_action,
                                 validate_action)
-from opencortex.reader import read_plist
+from opencortex.reader import Keyword, read_plist
 from opencortex.tools import Tool, ToolRegistry, default_tools
 
 
@@ -84,7 +84,7 @@ def test_tool_calls_must_name_a_registered_tool_with_typed_arguments():
     call = action('(:type :REQUEST :target :tool :action :call :tool "weather" '
                   ':args (:city "Oslo" :days 3))', tools)
     assert isinstance(call, ToolCall) and call.args == {"city": "Oslo", "days": 3}
-    assert "unknown tool 'rain'" in reasons(
+    assert 'unknown tool "rain"' in reasons(
         '(:type :REQUEST :target :tool :action :call :tool "rain")', tools)
     assert ":city" in reasons('(:type :REQUEST :target :tool :action :call :tool "weather" '
                               ':args (:days 3))', tools)
@@ -101,3 +101,97 @@ def test_reply_action_per_channel_is_valid(channel, model):
     made = reply_action(channel, "chat-1", "hello")
     assert type(made) is model
     assert validate_action(made.to_plist()) == made
+
+
+# ------------------------------------------------- tool calls without arguments
+
+
+@pytest.mark.parametrize("args", ["", " :args ()", " :args nil", " :args NIL"])
+def test_a_tool_call_without_arguments_is_accepted_and_prints(args):
+    call = action(f'(:type :REQUEST :target :tool :action :call :tool "clock"{args})',
+                  default_tools())
+    assert isinstance(call, ToolCall) and call.args == {}
+    assert call.printed() == '(:type :request :target :tool :action :call :tool "clock")'
+    assert action(call.printed(), default_tools()) == call
+
+
+def test_tool_arguments_must_be_a_plist():
+    assert ":args must be a plist of arguments" in reasons(
+        '(:type :REQUEST :target :tool :action :call :tool "clock" :args (1 2))',
+        default_tools())
+
+
+def test_tool_signature_shows_each_argument_with_a_placeholder():
+    tool = weather_tools().get("weather")
+    assert tool.signature() == ('(:type :REQUEST :target :tool :action :call :tool "weather" '
+                                ':args (:city <string> :days <integer, optional>))')
+
+
+# ---------------------------------------------------- reasons in plain words
+
+PYDANTIC_WORDS = ("Input should", "valid dictionary", "Value error", "function-before",
+                  "list[", "str]", "Extra inputs", "Field required", "_plain_text")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('(:type :REQUEST :target :shell :cmd (1 2))',
+     ":cmd must be a string or a list of strings in double quotes; item 1 is 1"),
+    ('(:type :REQUEST :target :shell :cmd ())', ":cmd must be a string or a non-empty list"),
+    ('(:type :REQUEST :target :shell :cmd :ls)', ":cmd must be a string"),
+    ('(:type :REQUEST :target :cli :text 42)', ":text must be a string in double quotes, not 42"),
+    ('(:type :REQUEST :target :cli :text hello)',
+     ":text must be a string in double quotes, not hello"),
+    ('(:type :REQUEST :target :telegram :chat-id "" :text "x")', ":chat-id must not be empty"),
+    ('(:type :REQUEST :target :tool :action :call :tool "clock" :args 5)', ":args must be a plist"),
+    ('(:type :REQUEST :target :emacs :action :eval :buffer "b" :text "x")',
+     ":action must be :insert-at-end, not :eval"),
+    ('(:type :REQUEST :target :emacs :action "insert-at-end" :buffer "b" :text "x")',
+     ':action must be a keyword (:name), not "insert-at-end"'),
+    ('(:type :LOG :text "x" :level :loud)',
+     ":level must be one of :debug, :info, :warning or :error, not :loud"),
+    ('(:type :REQUEST :target :cli :text "x" :color "red")', ":color is not a field of this action"),
+])
+def test_reasons_name_the_field_and_what_is_expected(text, expected):
+    found = reasons(text, default_tools())
+    assert expected in found
+    assert not any(word in found for word in PYDANTIC_WORDS), found
+
+
+def test_tool_argument_reasons_are_plain():
+    found = reasons('(:type :REQUEST :target :tool :action :call :tool "weather" '
+                    ':args (:days "many" :wind t))', weather_tools())
+    assert ":city is missing" in found
+    assert ':days must be a whole number, not "many"' in found
+    assert ":wind is not an argument of tool 'weather'" in found
+    assert not any(word in found for word in PYDANTIC_WORDS), found
+
+
+def test_ten_thousand_bad_items_give_a_few_short_reasons():
+    tools = ToolRegistry([Tool("sum", "Adds.", Numbers, lambda a: "")])
+    items = " ".join(f'"{i}x"' for i in range(9_000))
+    with pytest.raises(ActionRejected) as caught:
+        action(f'(:type :REQUEST :target :tool :action :call :tool "sum" :args (:values ({items})))',
+               tools)
+    text = str(caught.value)
+    assert len(text) < 1500 and "more problems" in text
+    assert ':values item 1 must be a whole number, not "0x"' in text
+
+
+class Numbers(BaseModel):
+    values: list[int]
+
+
+def test_huge_values_are_quoted_as_short_excerpts():
+    long = "y" * 100_000
+    found = reasons(f'(:type :REQUEST :target :emacs :action :insert-at-end :buffer "b" '
+                    f':text "x" :{long} 1)')
+    assert len(found) < 400
+    found = reasons(f'(:type :{long} :text "x")')
+    assert len(found) < 400
+
+
+def test_lone_surrogates_in_text_are_rejected():
+    form = {"type": Keyword("response"), "text": "caf\udce9"}
+    with pytest.raises(ActionRejected) as caught:
+        validate_action(form)
+    assert "undecodable byte" in str(caught.value)

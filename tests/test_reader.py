@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import sexpdata
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -168,6 +169,30 @@ def test_bad_caps_are_caller_errors():
         read_reply("(:a 1)", max_depth=201)
     with pytest.raises(ValueError):
         read_reply("(:a 1)", max_bytes=-1)
+    with pytest.raises(ValueError):
+        read_reply("(:a 1)", max_elements=0)
+
+
+def test_element_cap_counts_atoms_strings_lists_and_comments():
+    text = '(:a (1 "two") ; note\n :b x)'  # ( :a ( 1 "two" ; :b x -> 8 elements
+    assert read_plist(text, max_elements=8) == {"a": [1, "two"], "b": Symbol("x")}
+    err = error_of(text, max_elements=7)
+    assert "more than 7 elements" in err.reason
+    assert err.position == text.index("x)")
+
+
+def test_a_megabyte_of_bare_symbols_is_refused_at_the_element_cap():
+    text = "(:type :response :text \"x\" :junk (" + "a " * 500_000 + "))"
+    err = error_of(text)
+    assert "more than 10000 elements" in err.reason
+    assert err.position < 30_000
+
+
+def test_lone_surrogates_are_refused_with_their_position():
+    text = '(:type :response :text "caf\udce9")'
+    err = error_of(text)
+    assert "not valid text" in err.reason and err.position == text.index("\udce9")
+    assert "not valid text" in error_of("\ud800 (:a 1)").reason  # outside the form too
 
 
 def test_non_text_is_refused():
@@ -188,6 +213,19 @@ def test_reader_syntax_is_refused(syntax, position):
     assert err.position == position
     assert "not allowed" in err.reason or "not supported" in err.reason \
         or "needs a name" in err.reason
+
+
+@pytest.mark.parametrize("prefix", ["#.", "#", "#'", "#s", "#@1", "x#."])
+def test_hash_syntax_glued_to_the_form_is_refused(prefix):
+    err = error_of(f"{prefix}(:type :response :text \"x\")")
+    assert "directly before the form" in err.reason
+    assert err.position == prefix.index("#")
+
+
+@pytest.mark.parametrize("text", ["# Heading\n(:a 1)", "issue #3 (:a 1)", "#. (:a 1)",
+                                  "```\n#\n(:a 1)\n```"])
+def test_a_hash_in_prose_apart_from_the_form_is_fine(text):
+    assert read_plist(text) == {"a": 1}
 
 
 def test_reader_syntax_inside_strings_is_fine():
@@ -294,7 +332,7 @@ def test_list_starting_with_a_keyword_prints_as_a_vector():
     {}, {"a": {}}, {"has space": 1}, {"": 1}, {"a": Keyword("x y")},
     {"a": Symbol("t")}, {"a": Symbol("12")}, {"a": Symbol("nan")},
     {"a": Symbol(":k")}, {"a": Symbol("?c")}, {"a": Symbol(".")},
-    {"a": math.nan}, {"a": math.inf}, {"A": 1, "a": 2},
+    {"a": math.nan}, {"a": math.inf}, {"A": 1, "a": 2}, {"a": "caf\udce9"},
 ])
 def test_unprintable_values_are_refused(value):
     with pytest.raises(ValueError):
@@ -338,6 +376,39 @@ def test_printed_form_reads_back_inside_fence_and_prose(action):
     reading = read_reply(text)
     assert same(reading.form, action)
     assert reading.ignored == "Here you go:\n```elisp\n```\nDone."
+
+
+NUMBERISH = st.text("0123456789+-._eEiInNfFaAtTyYx\u00a0\u0663\uff11", min_size=1,
+                    max_size=10).filter(lambda t: t[0] not in ":?" and t != ".")
+
+
+def sexpdata_atom(token: str):
+    """What sexpdata (the reader's former parser) made of the atom TOKEN."""
+    node = sexpdata.Parser(token, nil=None, true=None).parse()[0]
+    return str(node) if isinstance(node, sexpdata.Symbol) else node
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(NUMBERISH)
+def test_atoms_read_as_sexpdata_read_them(token):
+    try:
+        value = read_plist(f"(:a {token})")["a"]
+    except ReadError as err:
+        assert "not finite" in err.reason
+        assert not math.isfinite(sexpdata_atom(token))
+        return
+    expected = sexpdata_atom(token)
+    if isinstance(expected, str) and expected.lower() in ("t", "nil"):
+        return  # t/nil are constants here
+    assert type(value) in (type(expected), Symbol) and value == expected
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(st.lists(st.sampled_from(["a", "é", "\n", "\\\\", '\\"', "\\n", "\\t", "\\r",
+                                 "\\b", "\\f", "\\d", "\\x", "\\\n", "\\é"]),
+                max_size=30).map("".join))
+def test_strings_decode_escapes_as_sexpdata_does(body):
+    assert read_plist(f'(:s "{body}")')["s"] == sexpdata.loads(f'"{body}"')
 
 
 def check_total(text: str) -> None:

@@ -13,8 +13,11 @@ from typing import Annotated, Any, Literal, Mapping, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from opencortex.excerpt import excerpt
+from opencortex.plain_errors import plain_reasons
+from opencortex.plist_syntax import SURROGATES, Keyword, Symbol
+from opencortex.printer import print_plist
 from opencortex.tools import ToolRegistry
-from opencortex.reader import Keyword, Symbol, print_plist, print_value
 
 APPROVAL_KEYS = frozenset({
     "approved", "approve", "approval", "approved-by", "approved-p", "pre-approved",
@@ -33,14 +36,44 @@ class ActionRejected(ValueError):
 
 
 def _keyword(value: Any) -> Any:
+    """Let a Keyword through; refuse anything else (a string, a symbol...)."""
     if not isinstance(value, Keyword):
-        raise ValueError(f"must be a keyword such as :{value}, not a {type(value).__name__}")
+        raise ValueError(f"must be a keyword (:name), not {excerpt(value, 40)}")
     return value
 
 
 def _plain_text(value: Any) -> Any:
+    """Let a string through; refuse a keyword or bare symbol standing for one,
+    and text that could not be stored (lone surrogates: undecodable bytes)."""
     if isinstance(value, (Keyword, Symbol)):
-        raise ValueError("must be a string in double quotes")
+        raise ValueError(f"must be a string in double quotes, not {excerpt(value, 40)}")
+    if isinstance(value, str) and SURROGATES.search(value):
+        raise ValueError("holds an undecodable byte (a lone surrogate); send plain text")
+    return value
+
+
+def _command_words(value: Any) -> Any:
+    """A command: one string, or a list of strings (program and arguments)."""
+    if isinstance(value, str) and not isinstance(value, (Keyword, Symbol)):
+        return _plain_text(value)
+    if isinstance(value, list) and value:
+        for i, word in enumerate(value):
+            if not isinstance(word, str) or isinstance(word, (Keyword, Symbol)):
+                raise ValueError(f"must be a string or a list of strings in double quotes; "
+                                 f"item {i + 1} is {excerpt(word, 40)}")
+            _plain_text(word)
+        return value
+    raise ValueError(f"must be a string or a non-empty list of strings in double quotes, "
+                     f"not {excerpt(value, 40)}")
+
+
+def _tool_arguments(value: Any) -> Any:
+    """Tool arguments: a plist; nil or () (or leaving :args out) means none."""
+    if value is None or value == []:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError("must be a plist of arguments like (:name value ...), or left "
+                         f"out when the tool takes none; not {excerpt(value, 40)}")
     return value
 
 
@@ -65,12 +98,13 @@ class Action(BaseModel):
         return getattr(self, "text", None)
 
     def to_plist(self) -> dict[str, Any]:
-        """This action as reader-shaped data: keyword values become Keywords."""
+        """This action as reader-shaped data: keyword values become Keywords;
+        empty plists (no tool arguments) are left out, as a model writes them."""
         data = self.model_dump(by_alias=True, exclude_none=True)
         for key in ("type", "target", "action", "level"):
             if key in data:
                 data[key] = Keyword(data[key])
-        return data
+        return {key: value for key, value in data.items() if value != {}}
 
     def printed(self) -> str:
         return print_plist(self.to_plist())
@@ -114,7 +148,8 @@ class ToolCall(Action):
     target: kw("tool")
     action: kw("call")
     tool: Name
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: Annotated[dict[str, Any], BeforeValidator(_tool_arguments)] = Field(
+        default_factory=dict)
 
     @property
     def reply_text(self) -> None:
@@ -125,7 +160,7 @@ class ShellCommand(Action):
     """Run a command: never accepted outright, a person must approve it."""
     type: kw("request")
     target: kw("shell")
-    cmd: Union[Text, list[Text]]
+    cmd: Annotated[Union[str, list[str]], BeforeValidator(_command_words)]
     reason: Text | None = None
     cwd: Text | None = None
 
@@ -160,26 +195,15 @@ TARGETS = tuple(REQUEST_MODELS)
 
 
 def _approval_keys(form: Mapping[str, Any], path: str = "") -> list[str]:
+    """Every key (nested plists included) by which a model would approve itself."""
     found = []
     for key, value in form.items():
+        name = str(key)[:40]
         if str(key).lower() in APPROVAL_KEYS:
-            found.append(f"{path}:{key}")
+            found.append(f"{path}:{name}")
         if isinstance(value, Mapping):
-            found.extend(_approval_keys(value, f"{path}:{key} "))
+            found.extend(_approval_keys(value, f"{path}:{name} "))
     return found
-
-
-def _describe(error: ValidationError) -> list[str]:
-    reasons = []
-    for item in error.errors():
-        where = " ".join(f":{p}" for p in item["loc"] if isinstance(p, str))
-        if item["type"] == "extra_forbidden":
-            reasons.append(f"{where} is not a field of this action")
-        elif item["type"] == "missing":
-            reasons.append(f"{where} is missing")
-        else:
-            reasons.append(f"{where} {item['msg'].removeprefix('Value error, ')}")
-    return reasons
 
 
 def _model_for(form: Mapping[str, Any]) -> type[Action]:
@@ -187,17 +211,19 @@ def _model_for(form: Mapping[str, Any]) -> type[Action]:
     if kind is None:
         raise ActionRejected([":type is missing (expected :REQUEST, :RESPONSE or :LOG)"])
     if not isinstance(kind, Keyword):
-        raise ActionRejected([f":type must be a keyword such as :REQUEST, not {kind!r}"])
+        raise ActionRejected([f":type must be a keyword such as :REQUEST, not "
+                              f"{excerpt(kind, 40)}"])
     if kind in TYPE_MODELS:
         return TYPE_MODELS[kind]
     if kind != "request":
-        raise ActionRejected([f"unknown :type :{kind} (expected :REQUEST, :RESPONSE or :LOG)"])
+        raise ActionRejected([f"unknown :type {excerpt(kind, 40)} "
+                              "(expected :REQUEST, :RESPONSE or :LOG)"])
     target = form.get("target")
     if target is None:
         raise ActionRejected([":target is missing (expected one of "
                               + ", ".join(f":{t}" for t in TARGETS) + ")"])
     if not isinstance(target, Keyword) or target not in REQUEST_MODELS:
-        raise ActionRejected([f"unknown :target {print_value(target)} (expected one of "
+        raise ActionRejected([f"unknown :target {excerpt(target, 40)} (expected one of "
                               + ", ".join(f":{t}" for t in TARGETS) + ")"])
     return REQUEST_MODELS[target]
 
@@ -209,13 +235,14 @@ def validate_action(form: Mapping[str, Any], tools: ToolRegistry | None = None) 
     approvals = _approval_keys(form)
     if approvals:
         raise ActionRejected([
-            f"a model cannot approve its own action (found {', '.join(approvals)}); "
-            "only a person can approve"])
+            f"a model cannot approve its own action (found {', '.join(approvals[:5])}"
+            f"{' ...' if len(approvals) > 5 else ''}); only a person can approve"])
     model = _model_for(form)
     try:
         action = model.model_validate(dict(form))
     except ValidationError as error:
-        raise ActionRejected(_describe(error)) from None
+        raise ActionRejected(plain_reasons(error, unknown="is not a field of this action")) \
+            from None
     if isinstance(action, ToolCall):
         action = _check_tool(action, tools)
     return action
@@ -223,7 +250,8 @@ def validate_action(form: Mapping[str, Any], tools: ToolRegistry | None = None) 
 
 def _check_tool(action: ToolCall, tools: ToolRegistry | None) -> ToolCall:
     if tools is None:
-        raise ActionRejected([f"no tools are registered, so :tool {action.tool!r} cannot run"])
+        raise ActionRejected([f"no tools are registered, so :tool {excerpt(action.tool, 60)} "
+                              "cannot run"])
     try:
         args = tools.validate_call(action.tool, action.args)
     except ValueError as error:

@@ -8,22 +8,36 @@ Order, deny by default at every step:
    pass it, rewrite it (the rewrite is typed again), reject it, or ask for a
    person's approval; a verifier that fails rejects;
 4. a shell command is never accepted outright: it needs approval.
+
+Judging costs time linear in the reply's size (the reader caps bytes, depth and
+elements; error lists are cut short), and what a verdict says stays small
+whatever the reply: at most `MAX_ERRORS` errors of at most `REASON_LIMIT`
+characters, `ERRORS_BUDGET` characters in all, each quoting only a short
+excerpt of the reply.  The errors go back to the model on a re-ask.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
 from opencortex.actions import Action, ActionRejected, ShellCommand, validate_action
-from opencortex.reader import Keyword, ReadError, print_plist, read_reply
+from opencortex.excerpt import clip, excerpt
+from opencortex.reader import Keyword, ReadError, read_reply
 from opencortex.skills import NeedsApproval, Rejection, Skill, SkillContext
 from opencortex.tools import ToolRegistry
 
 log = logging.getLogger(__name__)
 
 Status = Literal["accepted", "rejected", "needs-approval"]
+
+MAX_ERRORS = 10        # errors a verdict carries; the rest are counted
+REASON_LIMIT = 1000    # characters of one error or approval reason
+ERRORS_BUDGET = 4000   # characters of all errors together
+FORM_EXCERPT = 120     # characters of the rejected form quoted in an error
+_COUNT_LINE = re.compile(r"and \d+ more[a-z ]{0,40}")  # "and 12 more problems like these"
 
 
 @dataclass
@@ -36,6 +50,11 @@ class Verdict:
     errors: list[str] = field(default_factory=list)
     ignored: str = ""
     approval_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        self.errors = bounded(self.errors)
+        if self.approval_reason is not None:
+            self.approval_reason = clip(self.approval_reason, REASON_LIMIT)
 
     @property
     def accepted(self) -> bool:
@@ -60,9 +79,31 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _short(form: Mapping[str, Any], limit: int = 300) -> str:
-    printed = print_plist(form)
-    return printed if len(printed) <= limit else printed[:limit] + " …"
+def bounded(errors: list[str]) -> list[str]:
+    """ERRORS cut to at most MAX_ERRORS of at most REASON_LIMIT characters and
+    ERRORS_BUDGET characters in all, then one line counting the rest (kept as
+    it is when ERRORS already ends with such a count)."""
+    kept: list[str] = []
+    used = 0
+    for error in errors:
+        error = clip(error, REASON_LIMIT)
+        if len(kept) == MAX_ERRORS or used + len(error) > ERRORS_BUDGET:
+            break
+        kept.append(error)
+        used += len(error)
+    rest = len(errors) - len(kept)
+    if rest == 1 and _COUNT_LINE.fullmatch(errors[-1]):
+        kept.append(errors[-1])
+    elif rest:
+        kept.append(f"and {rest} more")
+    return kept
+
+
+def _invalid(form: Mapping[str, Any], reasons: list[str]) -> list[str]:
+    """The errors for a FORM that is not a valid action: the first quotes it."""
+    shown = excerpt(form, FORM_EXCERPT)
+    return [f"invalid action {shown}: {reasons[0]}", *reasons[1:]] if reasons \
+        else [f"invalid action {shown}"]
 
 
 def _apply_skill(skill: Skill, action: Action, ctx: SkillContext,
@@ -95,8 +136,7 @@ def judge_form(form: dict[str, Any], skills: Sequence[Skill], ctx: SkillContext,
     try:
         action = validate_action(form, tools)
     except ActionRejected as error:
-        return Verdict("rejected", form=form,
-                       errors=[f"invalid action {_short(form)}: {r}" for r in error.reasons])
+        return Verdict("rejected", form=form, errors=_invalid(form, error.reasons))
     approval: str | None = None
     for skill in skills:
         if skill.deterministic is None:
@@ -115,10 +155,11 @@ def judge_form(form: dict[str, Any], skills: Sequence[Skill], ctx: SkillContext,
 
 def judge(text: str, skills: Sequence[Skill], ctx: SkillContext,
           tools: ToolRegistry | None = None, *, max_bytes: int = 1 << 20,
-          max_depth: int = 64) -> Verdict:
+          max_depth: int = 64, max_elements: int = 10_000) -> Verdict:
     """Read model TEXT and judge it (steps 1–4)."""
     try:
-        reading = read_reply(text, max_bytes=max_bytes, max_depth=max_depth)
+        reading = read_reply(text, max_bytes=max_bytes, max_depth=max_depth,
+                             max_elements=max_elements)
     except ReadError as error:
         return Verdict("rejected", errors=[f"the reply could not be read as one plist: {error}"])
     verdict = judge_form(reading.form, skills, ctx, tools)
