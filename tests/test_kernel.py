@@ -139,7 +139,7 @@ def test_shell_needs_approval_and_is_not_run(config, tmp_path):
     kernel, printed = make(config, script(tmp_path, reply))
     result = run(kernel.handle(chat_message("make a file")))
     assert result.status == "needs-approval"
-    assert "Needs your approval, not run" in printed[0]
+    assert printed[0].startswith("Approval needed: Run a command")
     assert "cannot approve" in printed[0]
     assert not Path("/tmp/never").exists()
     records = kernel.archive.read_thread(CLI)

@@ -1,39 +1,107 @@
 """Human approval ("yield") for risky actions: nothing runs without an explicit yes.
 
-The kernel describes what would run in an `ApprovalRequest` and hands it to the
-`Approver` of the channel the message came from.  An approver answers with an
-`ApprovalDecision`; no answer within the timeout is a denial.  Channels with no
-approver cannot approve anything.
+The kernel describes what would happen in an `ApprovalRequest` built only from
+kernel facts: what would run (the argument vector, the directory, the names of
+the environment variables passed) or where a message would go and what it
+says, which skill asked, in which conversation.  The model's own words (a
+shell command's `:reason`) appear only as `model_note`: one line, capped,
+control characters made visible (`opencortex.untrusted.model_note`); every
+frontend shows it as a quoted field marked as the model's, never as the
+kernel's explanation.
+
+The request is handed to the `Approver` of the channel the message came from;
+it answers with an `ApprovalDecision`, and no answer within the timeout is a
+denial.  Channels with no approver cannot approve anything.  `digest` binds a
+decision to the exact action: a frontend that lets a person answer later (a
+bridge button) checks it, so an answer can never approve a different action.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import hashlib
+import shlex
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from opencortex.events import Thread
+from opencortex.untrusted import visible
 
 How = Literal["approved", "denied", "timed-out", "unavailable"]
+
+SHELL = "shell"
+TEXT_PREVIEW = 2000  # characters of a cross-post's text shown in the request
+
+
+def action_digest(printed_action: str) -> str:
+    """A short hash of the exact action (its printed plist)."""
+    return hashlib.sha256(printed_action.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
 class ApprovalRequest:
-    """Exactly what would run, where, and why."""
+    """Exactly what would happen, where, and who asked: kernel facts only."""
 
     thread: Thread
-    argv: tuple[str, ...]
-    cwd: str
-    reason: str
+    action_class: str                 # "shell", "cross-post", or a target such as "emacs"
+    title: str                        # kernel words: "Run a command", …
     timeout: float
+    skill: str = ""
+    requested_by: str = ""            # the sender whose message led to it (bridges: who may decide)
+    argv: tuple[str, ...] = ()        # shell: the argument vector
+    cwd: str = ""                     # shell: where it runs
+    env: tuple[str, ...] = ()         # shell: names of the variables passed
+    target: str = ""                  # a message: the conversation it would go to
+    text: str = ""                    # a message: what it would say (made visible, capped)
+    action: str = ""                  # any other action: its printed plist (made visible)
+    model_note: str = ""              # the model's words, one line, capped, visible
+    digest: str = ""                  # action_digest of the exact action
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        for name in ("text", "action"):
+            value = getattr(self, name)
+            if len(value) > TEXT_PREVIEW:
+                value = value[:TEXT_PREVIEW] + f"\n[… {len(value) - TEXT_PREVIEW} more characters]"
+            object.__setattr__(self, name, visible(value))
 
     @property
     def command(self) -> str:
-        import shlex
-        return shlex.join(self.argv)
+        """The shell command as one line a person can read (empty for other classes)."""
+        return visible(shlex.join(self.argv)) if self.argv else ""
+
+    def facts(self) -> dict[str, Any]:
+        """The request for a frontend (EPC plist keys); only non-empty facts."""
+        shown: dict[str, Any] = {
+            "title": self.title, "action-class": self.action_class, "skill": self.skill,
+            "thread": visible(str(self.thread)), "timeout": self.timeout,
+            "digest": self.digest, "model-note": self.model_note}
+        if self.argv:
+            shown.update({"command": self.command, "argv": [visible(a) for a in self.argv],
+                          "cwd": visible(self.cwd), "env": list(self.env)})
+        for key in ("target", "text", "action"):
+            if getattr(self, key):
+                shown[key] = getattr(self, key)
+        return shown
+
+    def as_text(self) -> str:
+        """The request as plain lines, for a terminal or a chat bridge."""
+        lines = [f"Approval needed: {self.title}"]
+        if self.argv:
+            lines += [f"  command:   {self.command}", f"  directory: {visible(self.cwd)}",
+                      f"  environment: {', '.join(self.env) or '(none)'}"]
+        if self.target:
+            lines.append(f"  to:        {visible(self.target)}")
+        if self.text:
+            lines += ["  text:", *[f"  | {line}" for line in self.text.split("\n")]]
+        if self.action:
+            lines.append(f"  action:    {self.action}")
+        lines.append(f"  asked by skill {self.skill or '?'} in {visible(str(self.thread))}")
+        if self.model_note:
+            lines.append(f"  the model says (unverified): “{self.model_note}”")
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True)

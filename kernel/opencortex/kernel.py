@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from opencortex.actions import Action, Log, Response, ShellCommand, ToolCall, reply_action
-from opencortex.actuators import ActuatorError, ActuatorRegistry, MessageActuator, Outcome
-from opencortex.actuators.base import address_of
-from opencortex.actuators.shell import ShellActuator, argv_of
-from opencortex.approvals import ApprovalDecision, ApprovalRequest, Approver
+from opencortex.actuation import Actuation
+from opencortex.actuators import ActuatorRegistry
+from opencortex.approvals import Approver
 from opencortex.config import Config
 from opencortex.conversation.commands import CommandError, CommandInput, Commands, is_command
 from opencortex.conversation.conversations import Conversation, Conversations
@@ -28,17 +29,16 @@ from opencortex.conversation.session import InvalidTransition
 from opencortex.events import Event, Thread, parse_event
 from opencortex.llm import Backend, LLMError, PromptRequest, ReplyAddress, Usage
 from opencortex.llm.routing import archetype_for
-from opencortex.memory import Archive, NewMessage
+from opencortex.memory import Archive
+from opencortex.pinning import pin
 from opencortex.skills import Skill, SkillContext, SkillRegistry
 from opencortex.tools import ToolRegistry
-from opencortex.turn import ThreadStats, TurnObserver, TurnResult
+from opencortex.turn import ThreadStats, TurnFailed, TurnObserver, TurnResult
 from opencortex.verification import Verdict, judge
 
 log = logging.getLogger(__name__)
 
-
-class TurnFailed(Exception):
-    """Internal: a turn stops here; the message is what the person is told."""
+GIL_SWITCH_INTERVAL = 0.001  # seconds; see Kernel.__init__
 
 
 class Kernel:
@@ -57,6 +57,17 @@ class Kernel:
         self.conversations = conversations
         self.commands = Commands(conversations)
         self.approvers: dict[str, Approver] = {}
+        # Frontends that run inside the kernel (bridges) report their state for /metrics.
+        self.reporters: dict[str, Callable[[], str]] = {}
+        self.actuation = Actuation(config=config, actuators=actuators,
+                                   conversations=conversations, approvers=self.approvers)
+        # Reading and judging a reply run here, never on the event loop (issue: a hostile
+        # reply must not stall other threads); two workers so one slow reply blocks nobody.
+        self._judges = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opencortex-judge")
+        # Worker threads share the GIL with the loop: with Python's default 5 ms switch
+        # interval every wake-up of the loop can wait 5 ms behind a judging thread, which
+        # adds up to 100s of ms per turn; 1 ms keeps other threads' turns within a few ms.
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL))
         self.stats: dict[Thread, ThreadStats] = {}
         self._locks: weakref.WeakValueDictionary[Thread, asyncio.Lock] = \
             weakref.WeakValueDictionary()
@@ -86,7 +97,7 @@ class Kernel:
                 await self._turn(event, result, observer or TurnObserver())
             except TurnFailed as failure:
                 result.errors.append(str(failure))
-                await self._notify(event, f"System Error: {failure} — nothing of this turn "
+                await self.actuation.notify(event, f"System Error: {failure} — nothing of this turn "
                                    "was kept; send the message again when that is fixed.", result)
             result.elapsed_s = time.perf_counter() - started
             self._count(event.thread, result)
@@ -125,7 +136,8 @@ class Kernel:
     async def run_command(self, thread: Thread, text: str) -> str:
         """Run the slash command TEXT in THREAD; CommandError (a ValueError) if it is misused."""
         conversation = await self.conversations.open(thread)
-        given = CommandInput(persona=self.persona, metrics=self._metrics(thread))
+        given = CommandInput(persona=self.persona, metrics=self._metrics(thread),
+                             skills=self.skills)
         try:
             return await self.commands.run(conversation, text, given)
         except InvalidTransition as error:
@@ -138,17 +150,18 @@ class Kernel:
         except ValueError as error:
             result.status = "failed"
             result.errors.append(str(error))
-            await self._notify(event, str(error), result, heading=False)
+            await self.actuation.notify(event, str(error), result, heading=False)
             return
         result.status, result.text = "done", answer
-        await self._notify(event, answer, result, error=False, heading=False)
+        await self.actuation.notify(event, answer, result, error=False, heading=False)
 
     def _metrics(self, thread: Thread) -> dict[str, Any]:
         stats = self.stats.get(thread, ThreadStats())
         return {"kernel turns": stats.turns, "tokens in (last)": stats.input_tokens,
                 "tokens out": stats.output_tokens, "cost (USD)": round(stats.cost_usd, 6),
                 "average latency (ms)": round(stats.average_latency_ms, 1),
-                "backend": self.backend.name}
+                "backend": self.backend.name,
+                **{f"{name} bridge": report() for name, report in self.reporters.items()}}
 
     async def view(self, thread: Thread) -> dict[str, Any]:
         """What a frontend may show about THREAD (never prompts)."""
@@ -161,9 +174,12 @@ class Kernel:
                 "can-send": session.state not in ("collapsed", "draining"),
                 "branch": conversation.log.branch,
                 "cost-usd": round(stats.cost_usd, 6),
+                "cost-known": stats.unpriced_turns == 0,
                 "latency-ms": round(stats.average_latency_ms, 1),
                 "backend": self.backend.name, "warning": self.backend.warning,
-                "memory-file": str(self.archive.thread_file(thread))}
+                "memory-file": ("(working memory only: this channel is not archived)"
+                                if thread.channel in self.conversations.unarchived
+                                else str(self.archive.thread_file(thread)))}
 
     async def _turn(self, event: Event, result: TurnResult, observer: TurnObserver) -> None:
         conversation = await self.conversations.open(event.thread)
@@ -191,18 +207,9 @@ class Kernel:
         result.skill = skill.name
         request = self._prompt(skill, ctx)
         verdict = await self._ask_until_valid(skill, request, ctx, result, observer)
-        if verdict.status == "rejected":
-            result.status = "rejected"
-            await self._give_up(event, verdict, result)
-            return
-        assert verdict.action is not None
-        result.action = verdict.action.to_plist()
-        # From here on the person sees effects: finish even if the turn is aborted.
         if verdict.status == "needs-approval":
             conversation.session.to("waiting")
-            await asyncio.shield(self._hold_for_approval(event, verdict, result))
-            return
-        await asyncio.shield(self._act(event, verdict.action, result))
+        await self.actuation.finish(event, verdict, result)
 
     def _prompt(self, skill: Skill, ctx: SkillContext) -> PromptRequest:
         try:
@@ -230,9 +237,7 @@ class Kernel:
         for attempt in range(self.config.max_rejections + 1):
             result.attempts = attempt + 1
             reply = await self._ask(request, result, observer)
-            verdict = judge(reply, self.skills.skills, ctx, self.tools,
-                            max_bytes=self.config.max_reply_bytes,
-                            max_depth=self.config.max_reply_depth)
+            verdict = await self._judge(reply, ctx)
             if verdict.status != "rejected":
                 return verdict
             log.info("reply rejected (skill %s, attempt %d, %d reasons)",
@@ -241,6 +246,31 @@ class Kernel:
             request = request.with_retry_note(reply, reason)
             ctx = replace(ctx, attempt=attempt + 1, rejections=[*ctx.rejections, reason])
         return verdict
+
+    async def _judge(self, reply: str, ctx: SkillContext) -> Verdict:
+        """Read and judge REPLY in a worker thread, bounded by `judge_timeout`; then pin
+        it to the event's own conversation (`opencortex.pinning`), whatever skills said."""
+        call = partial(judge, reply, self.skills.skills, ctx, self.tools,
+                       max_bytes=self.config.max_reply_bytes,
+                       max_depth=self.config.max_reply_depth,
+                       max_elements=self.config.max_reply_elements)
+        limit = self.config.judge_timeout
+        try:
+            verdict = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(self._judges, call), limit)
+        except TimeoutError:
+            log.warning("judging a reply of %d characters took over %g s", len(reply), limit)
+            return Verdict("rejected", errors=[
+                f"judging this reply took longer than {limit:g} s; send a shorter, "
+                "simpler reply"])
+        event = ctx.event
+        return pin(verdict, event, self.config.chat, can_ask=self.can_ask(event))
+
+    def can_ask(self, event: Event) -> bool:
+        """Whether an approval for EVENT's turn can be asked of its owner: the channel
+        has an approver and whoever writes there is not a guest."""
+        return (event.channel in self.approvers
+                and archetype_for(event.thread, self.config.llm) != "guest")
 
     async def _ask(self, request: PromptRequest, result: TurnResult,
                    observer: TurnObserver) -> str:
@@ -261,154 +291,8 @@ class Kernel:
                              f"within {self.config.llm_timeout:g} s; send the message again")
         return "".join(chunks)
 
-    # -- endings ------------------------------------------------------------
-
-    async def _act(self, event: Event, action: Action, result: TurnResult) -> None:
-        if isinstance(action, Log):
-            result.status = "done"
-            result.ids = await self._archive(event, result, action.text, turn_type="thought")
-            return
-        if isinstance(action, Response):
-            action = reply_action(event.channel, event.chat_id, action.text,
-                                  self.config.chat.buffer)
-        target = str(action.to_plist().get("target"))
-        try:
-            outcome = await self.actuators.for_target(target).carry_out(action, event)
-        except ActuatorError as error:
-            result.errors.append(str(error))
-            if action.reply_text is None:
-                raise TurnFailed(str(error)) from error
-            # The reply exists and was verified: keep it, marked undelivered.
-            result.status = "failed"
-            result.text = action.reply_text
-            result.ids = await self._archive(event, result, action.reply_text,
-                                             extra={"DELIVERY": "failed"})
-            return
-        result.status = "done"
-        await self._finish(event, action, outcome, result)
-
-    async def _finish(self, event: Event, action: Action, outcome: Outcome,
-                      result: TurnResult) -> None:
-        if isinstance(action, ToolCall):
-            text = f"Tool {action.tool}: {outcome.result}"
-            await self._notify(event, text, result, error=False)
-            result.text = text
-            result.ids = await self._archive(event, result, text, role="system",
-                                             turn_type="action")
-            return
-        result.text = outcome.shown if outcome.shown is not None else action.reply_text
-        result.ids = await self._archive(event, result, result.text or "")
-
-    async def _give_up(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
-        result.errors.extend(verdict.errors)
-        reason = verdict.errors[0] if verdict.errors else "reply rejected"
-        message = (f"System Error: {reason} — nothing was done; send the message again or "
-                   "rephrase it.")
-        if await self._notify(event, message, result):
-            result.text = message
-            result.ids = await self._archive(event, result, message, role="system")
-
-    async def _hold_for_approval(self, event: Event, verdict: Verdict,
-                                 result: TurnResult) -> None:
-        action = verdict.action
-        assert action is not None
-        result.status = "needs-approval"
-        proposed = action.printed()
-        approver = self.approvers.get(event.channel)
-        shell = self._shell()
-        if approver is None or shell is None or not isinstance(action, ShellCommand):
-            message = (f"Needs your approval, not run: {proposed}\n"
-                       f"Why: {verdict.approval_reason}\n"
-                       "This channel cannot approve actions; nothing was run.")
-            await self._notify(event, message, result, error=False)
-            result.text = message
-            result.ids = await self._archive(event, result, proposed, turn_type="yield")
-            return
-        try:
-            request = ApprovalRequest(thread=event.thread, argv=tuple(argv_of(action)),
-                                      cwd=str(shell.working_directory(action)),
-                                      reason=verdict.approval_reason or "",
-                                      timeout=self.config.emacs.approval_timeout)
-        except ActuatorError as error:
-            raise TurnFailed(f"cannot ask for approval: {error}") from error
-        decision = await approver.ask(request)
-        await self._after_decision(event, action, request, decision, shell, result)
-
-    async def _after_decision(self, event: Event, action: ShellCommand, request: ApprovalRequest,
-                              decision: ApprovalDecision, shell: ShellActuator,
-                              result: TurnResult) -> None:
-        log.info("approval %s: %s", request.id, decision.how)
-        said = [(f"{decision.how}: {request.command} (in {request.cwd})", "yield")]
-        if decision.approved:
-            result.status = "done"
-            try:
-                outcome = await shell.run_approved(action, decision)
-                shown = outcome.result or ""
-            except ActuatorError as error:
-                result.errors.append(str(error))
-                shown = f"System Error: {error}"
-            await self._notify(event, shown, result, error=shown.startswith("System Error"),
-                               heading=False)
-            said.append((shown, "action"))
-        else:
-            result.status = "needs-approval"
-            shown = f"Not run ({decision.how}): {request.command}"
-            await self._notify(event, shown, result, error=False)
-        result.text = shown
-        result.ids = await self._archive_many(event, result, [
-            ("assistant", action.printed(), "yield"),
-            *[("system", text, kind) for text, kind in said]])
-
-    def _shell(self) -> ShellActuator | None:
-        try:
-            actuator = self.actuators.for_target("shell")
-        except ActuatorError:
-            return None
-        return actuator if isinstance(actuator, ShellActuator) else None
-
-    async def _notify(self, event: Event, text: str, result: TurnResult, *,
-                      error: bool = True, heading: bool = True) -> bool:
-        """Tell the person on EVENT's channel; never raise.  True if it reached them."""
-        shown = f"* {text}" if event.channel == "emacs" and heading else text
-        action = reply_action(event.channel, event.chat_id, shown, self.config.chat.buffer)
-        try:
-            actuator = self.actuators.for_target(event.channel)
-            if error and isinstance(actuator, MessageActuator):
-                await actuator.show_error(address_of(action), shown)
-            else:
-                await actuator.carry_out(action, event)
-            return True
-        except ActuatorError as error_:
-            result.errors.append(f"could not tell the person: {error_}")
-            return False
-
-    async def _archive(self, event: Event, result: TurnResult, reply: str, *,
-                       role: str = "assistant", turn_type: str = "speech",
-                       extra: dict[str, str] | None = None) -> list[str]:
-        """Write the turn: the person's message and the answer, in one append."""
-        return await self._archive_many(event, result, [(role, reply, turn_type)], extra)
-
-    async def _archive_many(self, event: Event, result: TurnResult,
-                            replies: list[tuple[str, str, str]],
-                            extra: dict[str, str] | None = None) -> list[str]:
-        """Archive the turn on the thread's current branch; tell the person when the
-        working context was compressed to make room."""
-        usage = result.usage
-        metrics = {"SKILL": result.skill or "", "BACKEND": result.backend,
-                   "LATENCY_MS": f"{1000 * (time.perf_counter() - result.started):.1f}",
-                   "TOKENS_IN": str(usage.input_tokens if usage else 0),
-                   "TOKENS_OUT": str(usage.output_tokens if usage else 0), **(extra or {})}
-        messages = [NewMessage(role="user", text=event.text, thread=event.thread,
-                               sender=event.sender, timestamp=event.received_at.timestamp())]
-        messages += [NewMessage(role=role, text=text, thread=event.thread, turn_type=kind)
-                     for role, text, kind in replies]
-        records, report = await self.conversations.record_turn(event.thread, messages, metrics)
-        if report is not None:
-            await self._notify(event, f"Context compressed ({report.strategy}): {report.notes}",
-                               result, error=False, heading=False)
-        return [record.id for record in records]
-
     async def aclose(self) -> None:
+        self._judges.shutdown(wait=False, cancel_futures=True)
         await self.backend.aclose()
         await self.actuators.aclose()
         self.archive.close()

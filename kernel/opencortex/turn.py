@@ -14,6 +14,10 @@ def new_turn_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+class TurnFailed(Exception):
+    """A turn stops here; the message is what the person is told."""
+
+
 Status = Literal["done", "needs-approval", "rejected", "failed", "no-skill", "aborted"]
 
 

@@ -1,4 +1,7 @@
-"""The terminal actuator: prints replies where the person is typing."""
+"""The terminal actuator: prints replies where the person is typing.
+
+Text is printed through `opencortex.untrusted.visible`: a control character or
+escape sequence in a reply is shown, never obeyed by the terminal."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import sys
 from typing import Callable, TextIO
 
 from opencortex.actuators.base import MessageActuator
+from opencortex.untrusted import visible
 
 
 class CliActuator(MessageActuator):
@@ -20,6 +24,7 @@ class CliActuator(MessageActuator):
         self.printed: list[str] = []
 
     async def deliver(self, address: str, text: str) -> None:
+        text = visible(text)
         self.printed.append(text)
         if self.writer is not None:
             self.writer(text)

@@ -58,9 +58,15 @@ class PromptRequest(BaseModel):
         """This request plus the rejected reply and why it was rejected."""
         note = (f"Your reply was rejected: {reason}\n"
                 "Answer again with exactly one property list and nothing else.")
+        if len(reply) > RETRY_ECHO_CHARS:   # a hostile reply is not sent back in full
+            reply = (reply[:RETRY_ECHO_CHARS]
+                     + f"\n[… {len(reply) - RETRY_ECHO_CHARS} more characters not shown]")
         messages = [*self.messages, PromptMessage(role="assistant", content=reply or "(empty)"),
                     PromptMessage(role="user", content=note)]
         return self.model_copy(update={"messages": messages})
+
+
+RETRY_ECHO_CHARS = 4000  # of a rejected reply repeated to the model on a re-ask
 
 
 class Usage(BaseModel):

@@ -1,0 +1,260 @@
+"""After the verdict: carry the action out or ask a person first, tell the person, archive.
+
+The kernel hands every judged reply here (`Actuation.finish`).  An accepted
+action goes to its actuator; one that needs approval is described by kernel
+facts (`opencortex.approvals.ApprovalRequest`) and shown to the approver of
+the channel it came from — nothing is done without a yes, and a channel that
+cannot ask does nothing.  Whatever reached the person is archived as one turn
+(the person's message and everything said back), so memory never holds half a
+turn and never misses what the person saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from opencortex.actions import Action, Log, Response, ShellCommand, ToolCall, reply_action
+from opencortex.actuators import ActuatorError, ActuatorRegistry, MessageActuator, Outcome
+from opencortex.actuators.base import address_of
+from opencortex.actuators.shell import ShellActuator, argv_of, scrubbed_environment
+from opencortex.approvals import (SHELL, ApprovalDecision, ApprovalRequest, Approver,
+                                  action_digest)
+from opencortex.config import Config
+from opencortex.conversation.conversations import Conversations
+from opencortex.events import Event
+from opencortex.llm.routing import archetype_for
+from opencortex.memory import NewMessage
+from opencortex.pinning import CROSS_POST, destination, is_own
+from opencortex.turn import TurnFailed, TurnResult
+from opencortex.untrusted import model_note
+from opencortex.verification import Verdict
+
+log = logging.getLogger(__name__)
+
+PLATFORM_ID = "PLATFORM_ID"   # archive property: the platform's id of the person's message
+
+
+class Actuation:
+    """Carries out verdicts for the kernel; owns no state of its own but the approvers."""
+
+    def __init__(self, *, config: Config, actuators: ActuatorRegistry,
+                 conversations: Conversations, approvers: dict[str, Approver]):
+        self.config = config
+        self.actuators = actuators
+        self.conversations = conversations
+        self.approvers = approvers
+
+    async def finish(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
+        """End the turn VERDICT decided.  Once the person may see effects, the turn
+        completes even if its task is cancelled."""
+        if verdict.status == "rejected":
+            result.status = "rejected"
+            await self.give_up(event, verdict, result)
+            return
+        assert verdict.action is not None
+        result.action = verdict.action.to_plist()
+        if verdict.status == "needs-approval":
+            await asyncio.shield(self.hold_for_approval(event, verdict, result))
+            return
+        await asyncio.shield(self.act(event, verdict.action, result))
+
+    # -- accepted -------------------------------------------------------------
+
+    async def act(self, event: Event, action: Action, result: TurnResult) -> None:
+        if isinstance(action, Log):
+            result.status = "done"
+            result.ids = await self.archive(event, result, action.text, turn_type="thought")
+            return
+        if isinstance(action, Response):
+            action = reply_action(event.channel, event.chat_id, action.text,
+                                  self.config.chat.buffer)
+        target = str(action.to_plist().get("target"))
+        try:
+            outcome = await self.actuators.for_target(target).carry_out(action, event)
+        except ActuatorError as error:
+            result.errors.append(str(error))
+            if action.reply_text is None:
+                raise TurnFailed(str(error)) from error
+            # The reply exists and was verified: keep it, marked undelivered.
+            result.status = "failed"
+            result.text = action.reply_text
+            result.ids = await self.archive(event, result, action.reply_text,
+                                            extra={"DELIVERY": "failed"})
+            return
+        result.status = "done"
+        await self._record(event, action, outcome, result)
+
+    async def _record(self, event: Event, action: Action, outcome: Outcome,
+                      result: TurnResult) -> None:
+        if isinstance(action, ToolCall):
+            text = f"Tool {action.tool}: {outcome.result}"
+            await self.notify(event, text, result, error=False)
+            result.text = text
+            result.ids = await self.archive(event, result, text, role="system",
+                                            turn_type="action")
+            return
+        result.text = outcome.shown if outcome.shown is not None else action.reply_text
+        result.ids = await self.archive(event, result, result.text or "")
+
+    async def give_up(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
+        result.errors.extend(verdict.errors)
+        reason = verdict.errors[0] if verdict.errors else "reply rejected"
+        message = (f"System Error: {reason} — nothing was done; send the message again or "
+                   "rephrase it.")
+        if await self.notify(event, message, result):
+            result.text = message
+            result.ids = await self.archive(event, result, message, role="system")
+
+    # -- approval -------------------------------------------------------------
+
+    def approval_request(self, event: Event, action: Action, skill: str | None) -> ApprovalRequest:
+        """What a person is asked, from kernel facts; TurnFailed if it cannot be described."""
+        common = {"thread": event.thread, "timeout": self.config.emacs.approval_timeout,
+                  "skill": skill or "", "requested_by": self._decider(event),
+                  "digest": action_digest(action.printed())}
+        if isinstance(action, ShellCommand):
+            shell = self._shell()
+            if shell is None:
+                raise TurnFailed("this kernel has no shell actuator, so commands cannot run")
+            try:
+                return ApprovalRequest(
+                    action_class=SHELL, title="Run a command", argv=tuple(argv_of(action)),
+                    cwd=str(shell.working_directory(action)),
+                    env=tuple(sorted(scrubbed_environment(shell.settings.keep_env))),
+                    model_note=model_note(action.reason), **common)
+            except ActuatorError as error:
+                raise TurnFailed(f"cannot ask for approval: {error}") from error
+        where = destination(action)
+        if where is not None and not is_own(action, event, self.config.chat):
+            return ApprovalRequest(action_class=CROSS_POST, title="Post to another conversation",
+                                   target=str(where), text=action.reply_text or "", **common)
+        target = str(action.to_plist().get("target", action.to_plist().get("type")))
+        return ApprovalRequest(action_class=target, title=f"Carry out a :{target} action",
+                               action=action.printed(), **common)
+
+    def _decider(self, event: Event) -> str:
+        """Who may decide an approval EVENT's turn asks for, besides configured approvers:
+        its sender, unless that sender is a guest (a guest never approves anything)."""
+        if archetype_for(event.thread, self.config.llm) == "guest":
+            return ""
+        return event.sender or ""
+
+    async def hold_for_approval(self, event: Event, verdict: Verdict,
+                                result: TurnResult) -> None:
+        action = verdict.action
+        assert action is not None
+        result.status = "needs-approval"
+        request = self.approval_request(event, action, result.skill)
+        approver = self.approvers.get(event.channel)
+        if approver is None:
+            message = (f"{request.as_text()}\nThis channel cannot approve actions; "
+                       "nothing was done.")
+            await self.notify(event, message, result, error=False)
+            result.text = message
+            result.ids = await self.archive(event, result, action.printed(), turn_type="yield")
+            return
+        decision = await approver.ask(request)
+        await self._after_decision(event, action, request, decision, result)
+
+    async def _after_decision(self, event: Event, action: Action, request: ApprovalRequest,
+                              decision: ApprovalDecision, result: TurnResult) -> None:
+        log.info("approval %s (%s): %s", request.id, request.action_class, decision.how)
+        summary = _summary(request)
+        said = [(f"{decision.how}: {summary}", "yield")]
+        if not decision.approved:
+            result.status = "needs-approval"
+            verb = "Not run" if request.argv else "Not done"
+            shown = f"{verb} ({decision.how}): {summary}"
+            await self.notify(event, shown, result, error=False)
+        else:
+            shown = await self._carry_out_approved(event, action, decision, result)
+            said.append((shown, "action"))
+        result.text = shown
+        result.ids = await self.archive_many(event, result, [
+            ("assistant", action.printed(), "yield"),
+            *[("system", text, kind) for text, kind in said]])
+
+    async def _carry_out_approved(self, event: Event, action: Action,
+                                  decision: ApprovalDecision, result: TurnResult) -> str:
+        """Do the approved ACTION; what the person was told."""
+        result.status = "done"
+        try:
+            if isinstance(action, ShellCommand):
+                shell = self._shell()
+                assert shell is not None  # the request could only be built with one
+                shown = (await shell.run_approved(action, decision)).result or ""
+            else:
+                target = str(action.to_plist().get("target"))
+                outcome = await self.actuators.for_target(target).carry_out(action, event)
+                where = destination(action)
+                shown = f"Done: sent to {where}." if where else f"Done: {outcome.result or ''}"
+        except ActuatorError as error:
+            result.errors.append(str(error))
+            shown = f"System Error: {error}"
+        await self.notify(event, shown, result, error=shown.startswith("System Error"),
+                          heading=False)
+        return shown
+
+    def _shell(self) -> ShellActuator | None:
+        try:
+            actuator = self.actuators.for_target("shell")
+        except ActuatorError:
+            return None
+        return actuator if isinstance(actuator, ShellActuator) else None
+
+    # -- telling and keeping --------------------------------------------------
+
+    async def notify(self, event: Event, text: str, result: TurnResult, *,
+                     error: bool = True, heading: bool = True) -> bool:
+        """Tell the person on EVENT's channel; never raise.  True if it reached them."""
+        shown = f"* {text}" if event.channel == "emacs" and heading else text
+        action = reply_action(event.channel, event.chat_id, shown, self.config.chat.buffer)
+        try:
+            actuator = self.actuators.for_target(event.channel)
+            if error and isinstance(actuator, MessageActuator):
+                await actuator.show_error(address_of(action), shown)
+            else:
+                await actuator.carry_out(action, event)
+            return True
+        except ActuatorError as error_:
+            result.errors.append(f"could not tell the person: {error_}")
+            return False
+
+    async def archive(self, event: Event, result: TurnResult, reply: str, *,
+                      role: str = "assistant", turn_type: str = "speech",
+                      extra: dict[str, str] | None = None) -> list[str]:
+        """Write the turn: the person's message and the answer, in one append."""
+        return await self.archive_many(event, result, [(role, reply, turn_type)], extra)
+
+    async def archive_many(self, event: Event, result: TurnResult,
+                           replies: list[tuple[str, str, str]],
+                           extra: dict[str, str] | None = None) -> list[str]:
+        """Archive the turn on the thread's current branch; tell the person when the
+        working context was compressed to make room."""
+        usage = result.usage
+        metrics = {"SKILL": result.skill or "", "BACKEND": result.backend,
+                   "LATENCY_MS": f"{1000 * (time.perf_counter() - result.started):.1f}",
+                   "TOKENS_IN": str(usage.input_tokens if usage else 0),
+                   "TOKENS_OUT": str(usage.output_tokens if usage else 0), **(extra or {})}
+        said = {PLATFORM_ID: event.message_id} if event.message_id else {}
+        messages = [NewMessage(role="user", text=event.text, thread=event.thread,
+                               sender=event.sender, timestamp=event.received_at.timestamp(),
+                               extra=said)]
+        messages += [NewMessage(role=role, text=text, thread=event.thread, turn_type=kind)
+                     for role, text, kind in replies]
+        records, report = await self.conversations.record_turn(event.thread, messages, metrics)
+        if report is not None:
+            await self.notify(event, f"Context compressed ({report.strategy}): {report.notes}",
+                              result, error=False, heading=False)
+        return [record.id for record in records]
+
+
+def _summary(request: ApprovalRequest) -> str:
+    """One line naming what was asked, for the archive and the person."""
+    if request.argv:
+        return f"{request.command} (in {request.cwd})"
+    if request.target:
+        return f"a message to {request.target}"
+    return request.action
