@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need on a fresh machine, then runs them.
+# The test command: sets up what the tests need on a fresh machine, then runs pytest.
+# - opencortex with its test extras, editable, in the project's virtual environment
+#   <checkout>/.venv (kernel/install.sh: quick and silent when already done);
+# - emacs-nox and elpa-epc (apt-get, after apt-get update) when Emacs cannot load epc.
+# pytest runs from .venv (which comes first on PATH); "no tests ran" is a failure.
 # Usage: bash tests/run.sh [pytest arguments]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+bash kernel/install.sh test || { echo "tests/run.sh: kernel/install.sh test failed" >&2; exit 1; }
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -16,10 +22,9 @@ if ! have_epc; then
     { echo "tests/run.sh: could not install emacs-nox elpa-epc" >&2; exit 1; }
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e '.[test]' ||
-  { echo "tests/run.sh: pip install failed" >&2; exit 1; }
-
-python3 -m pytest "$@"
+export VIRTUAL_ENV="$PWD/.venv"
+export PATH="$VIRTUAL_ENV/bin:$PATH"
+python -m pytest "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "tests/run.sh: no tests ran; that is a failure" >&2

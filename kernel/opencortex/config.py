@@ -20,12 +20,27 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from opencortex.bridges.settings import BridgesSettings
 from opencortex.conversation.settings import ConversationSettings
 from opencortex.llm.settings import LLMSettings
+from opencortex.problems import describe
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-BUNDLED_SKILLS = PROJECT_ROOT / "skills"
-BUNDLED_PERSONA = PROJECT_ROOT / "org" / "identity.org"
+
+def _bundled_root() -> Path:
+    """The directory holding the bundled skills/, org/ and elisp/.
+
+    An installed wheel carries them as package data in opencortex/bundled/ (see
+    pyproject.toml); an editable install or a source tree runs the package from
+    <checkout>/kernel/opencortex, and they are the checkout's own top-level directories."""
+    package = Path(__file__).resolve().parent
+    installed = package / "bundled"
+    return installed if installed.is_dir() else package.parents[1]
+
+
+BUNDLED_ROOT = _bundled_root()
+BUNDLED_SKILLS = BUNDLED_ROOT / "skills"
+BUNDLED_PERSONA = BUNDLED_ROOT / "org" / "identity.org"
+BUNDLED_ELISP = BUNDLED_ROOT / "elisp"   # add to Emacs's load-path; `opencortex doctor` prints it
 DEFAULT_CHAT_BUFFER = "*opencortex-chat*"
 
 
@@ -63,6 +78,8 @@ class EmacsSettings(BaseModel):
     approval_timeout: float = Field(default=120.0, gt=0)
     max_payload_bytes: int = Field(default=4 << 20, ge=1024, le=15 << 20)
     call_timeout: float = Field(default=10.0, gt=0)
+    auth_timeout: float = Field(default=5.0, gt=0, le=300)   # seconds to authenticate
+    max_connections: int = Field(default=16, ge=1, le=1024)
 
 
 class Config(BaseModel):
@@ -80,12 +97,15 @@ class Config(BaseModel):
     max_rejections: int = Field(default=1, ge=0, le=10)
     max_reply_bytes: int = Field(default=1 << 20, ge=1024)
     max_reply_depth: int = Field(default=64, ge=4, le=512)
+    max_reply_elements: int = Field(default=10_000, ge=100)  # atoms and lists in one reply
     llm_timeout: float = Field(default=120.0, gt=0)
+    judge_timeout: float = Field(default=10.0, gt=0)  # reading + judging one reply, seconds
     chat: ChatSettings = Field(default_factory=ChatSettings)
     shell: ShellSettings = Field(default_factory=ShellSettings)
     emacs: EmacsSettings = Field(default_factory=EmacsSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
+    bridges: BridgesSettings = Field(default_factory=BridgesSettings)
 
     @property
     def memory_dir(self) -> Path:
@@ -122,15 +142,25 @@ def config_path(home: Path | None) -> Path:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
+    """The TOML file at PATH as a table ({} when there is none); ConfigError naming the
+    file when it is a directory, unreadable, not UTF-8 or not TOML."""
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not a configuration file; remove it or "
+                          "set OPENCORTEX_CONFIG to a file")
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot be read ({error.strerror or error}); "
+                          "fix its permissions") from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {data[error.start]:#04x} at "
+                          f"offset {error.start}); save it as UTF-8") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot be read: {error.strerror}") from None
 
 
 def _environment_overrides() -> dict[str, Any]:
@@ -150,12 +180,14 @@ def _environment_overrides() -> dict[str, Any]:
 def _resolve_paths(fields: dict[str, Any], base: Path) -> None:
     """Relative paths in the file are relative to the file's directory."""
     def resolve(value: Any) -> Any:
+        if not isinstance(value, (str, Path)) or not str(value):
+            return value                  # not a path: validation names it
         path = Path(os.path.expanduser(str(value)))
         return path if path.is_absolute() else base / path
     for key in ("script", "persona"):
         if fields.get(key):
             fields[key] = resolve(fields[key])
-    if "skill_dirs" in fields:
+    if isinstance(fields.get("skill_dirs"), list):
         fields["skill_dirs"] = [resolve(p) for p in fields["skill_dirs"]]
 
 
@@ -179,6 +211,5 @@ def load_config(home: Path | str | None = None, **overrides: Any) -> Config:
     try:
         return Config.model_validate(fields)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
+        problems = "; ".join(describe(error, noun="setting"))
         raise ConfigError(f"configuration ({path}): {problems}") from None

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from opencortex.config import Config
+from opencortex.config import BUNDLED_ELISP, BUNDLED_PERSONA, BUNDLED_SKILLS, Config
+
+SERVER_TIMEOUT = 3.0   # seconds the configured LLM server has to answer GET /models
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,11 @@ class Check:
 
 PYTHON_DEPS = (("hy", "hy"), ("hyrule", "hyrule"), ("sexpdata", "sexpdata"),
                ("orgparse", "orgparse"), ("pydantic", "pydantic"), ("epc", "epc"),
-               ("anthropic", "anthropic"), ("openai", "openai"))
+               ("prompt_toolkit", "prompt-toolkit"), ("anthropic", "anthropic"),
+               ("openai", "openai"))
+
+REINSTALL = ("reinstall opencortex: `bash kernel/install.sh` in a checkout, else "
+             "`pip install --force-reinstall opencortex-kernel`")
 
 
 def _python_dependency(module: str, distribution: str) -> Check:
@@ -34,7 +43,7 @@ def _python_dependency(module: str, distribution: str) -> Check:
         version = importlib.metadata.version(distribution)
     except Exception as error:
         return Check(f"python: {distribution}", False, f"cannot import ({type(error).__name__})",
-                     "pip install -e . (from the opencortex checkout)")
+                     REINSTALL)
     if distribution == "sexpdata" and version != "1.0.2":
         return Check("python: sexpdata", False, f"version {version}; opencortex needs 1.0.2",
                      "pip install sexpdata==1.0.2")
@@ -70,14 +79,79 @@ def _emacs() -> list[Check]:
     return checks
 
 
-def _keys() -> list[Check]:
+def _openai_url(config: Config) -> str | None:
+    """The OpenAI-compatible server the configuration names (setting, else
+    $OPENAI_BASE_URL), or None when none is configured."""
+    return config.llm.openai.base_url or os.environ.get("OPENAI_BASE_URL") or None
+
+
+def _keys(config: Config) -> list[Check]:
+    """Provider keys; without any (and without a server) the kernel runs echo."""
+    server = _openai_url(config)
+    otherwise = (f"; without it the kernel uses the server at {server}" if server
+                 else "; without a key the kernel runs the offline echo backend")
     checks = []
-    for variable in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
+    for variable in (config.llm.anthropic.api_key_env, config.llm.openai.api_key_env):
         present = bool(os.environ.get(variable))
-        checks.append(Check(f"key: {variable}", present, "set" if present else "not set",
-                            f"export {variable}=… to use that provider; without a key the "
-                            "kernel runs the offline echo backend", optional=True))
+        detail = "set" if present else "not set"
+        if not present and server and variable == config.llm.openai.api_key_env:
+            detail = f"not set (the server at {server} is used without one)"
+        checks.append(Check(f"key: {variable}", present, detail,
+                            f"export {variable}=… to use that provider{otherwise}",
+                            optional=True))
     return checks
+
+
+def _openai_server(config: Config, timeout: float = SERVER_TIMEOUT) -> Check | None:
+    """Whether the configured OpenAI-compatible server answers GET {base_url}/models."""
+    url = _openai_url(config)
+    if url is None:
+        return None
+    name, fix = f"llm server {url}", ("start the server, or fix `base_url` under [llm.openai] "
+                                      "(or $OPENAI_BASE_URL); it usually ends in /v1")
+    request = urllib.request.Request(url.rstrip("/") + "/models")
+    key = os.environ.get(config.llm.openai.api_key_env)
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read(1 << 20)
+    except urllib.error.HTTPError as error:
+        detail = f"answers, but GET /models gave HTTP {error.code}"
+        if error.code in (401, 403):
+            fix = f"set {config.llm.openai.api_key_env} to a key this server accepts"
+        return Check(name, False, detail, fix)
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "reason", None) or error
+        return Check(name, False, f"does not answer ({reason})", fix)
+    return Check(name, True, f"answers ({_model_count(body)})")
+
+
+def _model_count(body: bytes) -> str:
+    """How many models a /models answer lists, in words."""
+    try:
+        models = json.loads(body).get("data")
+    except (ValueError, AttributeError):
+        return "not a model list"
+    return f"{len(models)} models" if isinstance(models, list) else "not a model list"
+
+
+def _bundled() -> list[Check]:
+    """The skills, persona note and Emacs package that ship with opencortex."""
+    skills = sorted(file.name for file in BUNDLED_SKILLS.glob("*")
+                    if file.suffix.lower() in (".org", ".hy"))
+    elisp = BUNDLED_ELISP / "opencortex.el"
+    return [
+        Check("bundled skills", bool(skills),
+              f"{BUNDLED_SKILLS} ({', '.join(skills)})" if skills else f"{BUNDLED_SKILLS}: none",
+              REINSTALL),
+        Check("bundled persona", BUNDLED_PERSONA.is_file(),
+              str(BUNDLED_PERSONA) if BUNDLED_PERSONA.is_file() else f"{BUNDLED_PERSONA}: missing",
+              REINSTALL),
+        Check("emacs package", elisp.is_file(),
+              f"{BUNDLED_ELISP} (put this directory on Emacs's load-path)" if elisp.is_file()
+              else f"{elisp}: missing", REINSTALL),
+    ]
 
 
 def _skills(config: Config) -> Check:
@@ -98,10 +172,26 @@ def run_checks(config: Config) -> list[Check]:
     checks.append(_writable("home", config.home))
     checks.append(_writable("memory", config.memory_dir))
     checks.append(Check("config file", True, str(config.config_file or "none (defaults)")))
+    checks.extend(_bundled())
     persona = config.persona_file
     checks.append(Check("persona", persona.is_file(), str(persona),
                         "create the note or set `persona` in the configuration", optional=True))
     checks.append(_skills(config))
     checks.extend(_emacs())
-    checks.extend(_keys())
+    server = _openai_server(config)
+    if server is not None:
+        checks.append(server)
+    checks.extend(_keys(config))
+    checks.extend(_bridges(config))
+    return checks
+
+
+def _bridges(config: Config) -> list[Check]:
+    """Each enabled bridge: its token or password is present and the platform answers."""
+    import asyncio
+    from opencortex.bridges.runner import check_bridge
+    checks = []
+    for name, settings in config.bridges.enabled().items():
+        ok, detail, fix = asyncio.run(check_bridge(name, settings))
+        checks.append(Check(f"bridge: {name}", ok, detail, fix))
     return checks
