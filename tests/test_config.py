@@ -42,9 +42,16 @@ def test_environment_beats_file_and_arguments_beat_environment(tmp_path, monkeyp
 
 @pytest.mark.parametrize("content, fragment", [
     ("backend = [", "not valid TOML"),
-    ('backend = "gpt"', "backend"),
-    ("max_rejections = -1", "max_rejections"),
-    ("unknown_key = 1", "unknown_key"),
+    ('backend = "gpt"', "backend must be one of 'auto', 'echo', 'script', 'anthropic' or "
+                        "'openai', not 'gpt'"),
+    ("max_rejections = -1", "max_rejections must be at least 0, not -1"),
+    ("unknown_key = 1", "unknown setting unknown_key; check its spelling"),
+    ("skill_dirs = 5", "skill_dirs must be a list, not int (5)"),
+    ('skill_dirs = ["ok", 5]', "skill_dirs[1] must be a path, not int (5)"),
+    ("persona = true", "persona must be a path, not bool (True)"),
+    ("chat = 3", "chat must be a table, not int (3)"),
+    ('[chat]\nhistory_chars = "lots"', "chat.history_chars must be a whole number, "
+                                       "not str ('lots')"),
 ])
 def test_bad_configuration_is_named(tmp_path, content, fragment):
     (tmp_path / "config.toml").write_text(content)
@@ -52,6 +59,25 @@ def test_bad_configuration_is_named(tmp_path, content, fragment):
         load_config(tmp_path)
     assert fragment in str(caught.value)
     assert "config.toml" in str(caught.value)
+    assert "Input should" not in str(caught.value) and "errors.pydantic" not in str(caught.value)
+
+
+def test_a_directory_or_a_file_that_is_not_utf8_is_named(tmp_path, monkeypatch):
+    (tmp_path / "config.toml").mkdir()
+    with pytest.raises(ConfigError, match="config.toml is a directory, not a configuration"):
+        load_config(tmp_path)
+    other = tmp_path / "latin1.toml"
+    other.write_bytes('persona = "caf\xe9"\n'.encode("latin-1"))
+    monkeypatch.setenv("OPENCORTEX_CONFIG", str(other))
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    assert str(caught.value) == (f"{other}: not UTF-8 text (byte 0xe9 at offset 14); "
+                                 "save it as UTF-8")
+
+
+def test_a_missing_file_means_the_defaults(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENCORTEX_CONFIG", str(tmp_path / "absent.toml"))
+    assert load_config(tmp_path).config_file is None
 
 
 def test_model_from_the_environment_keeps_the_rest_of_the_llm_table(tmp_path, monkeypatch):

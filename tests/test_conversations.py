@@ -6,7 +6,10 @@ import asyncio
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+import pytest
+
 from opencortex.config import load_config
+from opencortex.conversation.commands import is_command
 from opencortex.events import Thread, chat_message
 from opencortex.llm import EchoBackend
 from opencortex.runtime import build_kernel
@@ -68,7 +71,7 @@ def test_commands_answer_on_the_channel_and_are_not_archived_as_turns(home):
     assert "ACTUATOR IDENTITY" not in context.text  # a view, never the prompt
     for name in ("/history", "/context", "/metrics", "/reset", "/fork", "/rewind", "/merge",
                  "/pin", "/unpin", "/save", "/load", "/sessions", "/recall", "/persona",
-                 "/strategy", "/help"):
+                 "/strategy", "/help", "/branches", "/switch", "/reload", "/quit"):
         assert name in helps.text
     users = [r.text for r in kernel.archive.read_thread(CLI) if r.role == "user"]
     assert users == ["first question", "second question", "third question"]
@@ -249,3 +252,88 @@ def test_idle_conversations_beyond_the_limit_are_let_go_and_rebuilt(home, monkey
         return (await say(kernel, "/history", "cli", "a")).text
 
     assert "fact a42" in run(scenario())
+
+
+@pytest.mark.parametrize("text, command", [
+    ("/help", True), ("  /history 3", True), ("/HELP", True), ("/no-such-thing", True),
+    ("/nonexistent with words", True), ("/etc/hosts is weird", False), ("/5 apples", False),
+    ("//help", False), ("/café", False), ("/", False), ("a /help", False), ("", False),
+])
+def test_what_counts_as_a_command(text, command):
+    assert is_command(text) is command
+
+
+def test_branches_switch_and_the_way_back_after_a_rewind(home):
+    kernel, _, _ = kernel_for(home)
+
+    async def scenario():
+        for text in ("one", "two", "three"):
+            await say(kernel, text)
+        rewound = await say(kernel, "/rewind 1")
+        listed = await say(kernel, "/branches")
+        switched = await say(kernel, "/switch b2")
+        history = await say(kernel, "/history")
+        missing = await say(kernel, "/switch nowhere")
+        again = await say(kernel, "/rewind 3")
+        return rewound, listed, switched, history, missing, again
+
+    rewound, listed, switched, history, missing, again = run(scenario())
+    assert rewound.text == ("Rewound branch main to turn 1. The later turns are on branch b2: "
+                            "/switch b2 gets back to them.")
+    lines = listed.text.splitlines()
+    assert lines[0].startswith("* main") and "1 turns, head at turn 1" in lines[0]
+    assert lines[1].startswith("  b2") and "3 turns, head at turn 3" in lines[1]
+    assert "'three'" in lines[1]
+    assert switched.text == "Switched to branch b2 (3 turns)."
+    assert "three" in history.text
+    assert missing.status == "failed" and "no branch 'nowhere'" in missing.errors[0]
+    assert "ends at turn 3 already" in again.text
+
+
+def test_quit_and_reload_answer_on_every_channel(home):
+    kernel, _, frontends = kernel_for(home)
+
+    async def scenario():
+        return [await say(kernel, text, "telegram", "7") for text in ("/quit", "/reload")]
+
+    quit_, reload_ = run(scenario())
+    assert quit_.status == "done" and "/quit means nothing on telegram" in quit_.text
+    assert reload_.status == "done"
+    assert reload_.text.startswith(f"Reloaded {len(kernel.skills.skills)} skills.")
+    assert [text for _, text in frontends.delivered] == [quit_.text, reload_.text]
+
+
+def test_the_strategy_survives_a_restart(home):
+    kernel, _, _ = kernel_for(home)
+    assert "forget" in run(say(kernel, "/strategy forget")).text
+    assert run(say(kernel, "/strategy forget")).status == "done"      # no second record
+    run(say(kernel, "hello"))
+    run(kernel.aclose())
+    again, _, _ = kernel_for(home)
+    conversation = run(again.conversations.open(CLI))
+    assert conversation.context.strategy == "forget"
+    controls = [r for r in again.archive.thread_records(CLI) if "VALUE" in r.extra]
+    assert len(controls) == 1
+    run(say(again, "/fork 1"))                                       # a refill keeps it
+    assert run(again.conversations.open(CLI)).context.strategy == "forget"
+
+
+def test_load_continues_the_saved_branch_instead_of_forking(home):
+    kernel, _, _ = kernel_for(home)
+
+    async def scenario():
+        for text in ("start", "more", "/save plan", "extra"):
+            await say(kernel, text)
+        loaded = await say(kernel, "/load plan")
+        await say(kernel, "/rewind 1")                 # the save's turn 2 leaves main
+        await say(kernel, "other")
+        forked = await say(kernel, "/load plan")
+        conversation = await kernel.conversations.open(CLI)
+        return loaded, forked, conversation
+
+    loaded, forked, conversation = run(scenario())
+    assert loaded.text == ("Loaded 'plan': you are on branch main with 3 turns. It was saved "
+                           "at turn 2; /rewind 2 goes back there.")
+    assert forked.text == "Loaded 'plan': you are on branch b3 with 2 turns."
+    assert list(conversation.log.branches()) == ["main", "b2", "b3"]
+    assert [t.user.text for t in conversation.log.turns()] == ["start", "more"]

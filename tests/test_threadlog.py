@@ -11,13 +11,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from opencortex.conversation.branches import CONTROL, MERGED_FROM, is_control, origin_of
+from opencortex.conversation.branches import (CONTROL, MERGED_FROM, is_control, origin_of,
+                                              unique)
 from opencortex.conversation.entries import Entry, count_tokens, default_retention
 from opencortex.conversation.threadlog import ThreadLog, UnknownMessage
 from opencortex.events import Thread
 from opencortex.memory import Archive, NewMessage
 
 LOCAL = Thread("cli", "local")
+STRATEGY_NAMES = ("sliding", "forget", "summarize", "galois")
 OTHER = Thread("telegram", "42")
 
 
@@ -39,7 +41,8 @@ def texts(records) -> list[str]:
 
 def snapshot(log: ThreadLog) -> tuple:
     return (log.head, log.branch, log.branches(), log.pins(),
-            [r.id for r in log.ancestors()], [t.ids for t in log.turns()])
+            [r.id for r in log.ancestors()], [t.ids for t in log.turns()],
+            log.branch_summaries(), log.strategy)
 
 
 @pytest.fixture
@@ -361,6 +364,70 @@ def test_after_loading_nothing_reads_the_archive_again(archive, monkeypatch):
     log.entries()
 
 
+def test_branch_summaries_name_every_branch_with_its_size(archive):
+    log = ThreadLog.load(archive, LOCAL)
+    assert log.branch_summaries() == [{"name": "main", "head_turn": 0, "turns": 0,
+                                       "current": True, "head": None}]
+    for n in range(1, 4):
+        talk(log, str(n))
+    log.fork(1)
+    talk(log, "b")
+    log.start_afresh()
+    rows = {row["name"]: row for row in log.branch_summaries()}
+    assert list(rows) == ["main", "b2", "b3"]
+    assert (rows["main"]["turns"], rows["main"]["head_turn"]) == (3, 3)
+    assert (rows["b2"]["turns"], rows["b2"]["head"]) == (2, log.branches()["b2"])
+    assert rows["b3"] == {"name": "b3", "head_turn": 0, "turns": 0, "current": True,
+                          "head": None}
+    assert [row["current"] for row in rows.values()] == [False, False, True]
+
+
+def test_reaches_tells_whether_a_message_is_on_a_branch(archive):
+    log = ThreadLog.load(archive, LOCAL)
+    first = talk(log, "1")
+    talk(log, "2")
+    log.rewind(1)
+    later = log.branches()["b2"]
+    assert log.reaches("main", first[-1].id) and log.reaches("b2", first[-1].id)
+    assert log.reaches("b2", later) and not log.reaches("main", later)
+    assert log.reaches("main", None)
+    with pytest.raises(ValueError, match="no branch 'zz'"):
+        log.reaches("zz", None)
+
+
+def test_the_strategy_is_a_control_record_kept_across_a_restart(tmp_path):
+    root = tmp_path / "memory"
+    with Archive(root) as archive:
+        log = ThreadLog.load(archive, LOCAL)
+        assert log.strategy is None
+        talk(log, "1")
+        assert log.set_strategy("galois") is True and log.set_strategy("galois") is False
+        talk(log, "2")
+        assert len(log.turns()) == 2                 # the record is not a turn
+    with Archive(root) as archive:
+        again = ThreadLog.load(archive, LOCAL)
+        assert again.strategy == "galois"
+        records = [r for r in archive.read_thread(LOCAL) if is_control(r)]
+        assert [r.extra[CONTROL] for r in records] == ["strategy"]
+        assert records[0].text == "Compression strategy galois"
+
+
+def test_unique_folds_merged_copies_into_their_origin(archive):
+    log = ThreadLog.load(archive, LOCAL)
+    talk(log, "1")
+    log.fork(1)
+    branch = talk(log, "b")
+    log.switch("main")
+    copies = log.merge("b2")
+    found = archive.search("b", thread=LOCAL, limit=10)
+    assert len(found) == 4                          # originals and copies are both indexed
+    once = unique(found)
+    assert sorted(origin_of(r) for r in once) == sorted(r.id for r in branch)
+    assert unique([*copies, *branch]) == copies     # the first seen stands for the message
+    assert unique(branch, seen=[branch[0].id]) == branch[1:]
+    assert unique(copies, seen=[branch[0].id]) == copies[1:]
+
+
 # -- property: any sequence of branch operations ----------------------------
 
 operations = st.lists(st.one_of(
@@ -370,6 +437,7 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("merge"), st.integers(0, 5)),
     st.tuples(st.just("switch"), st.integers(0, 5)),
     st.tuples(st.just("pin"), st.integers(1, 12)),
+    st.tuples(st.just("strategy"), st.integers(0, 3)),
 ), min_size=1, max_size=20)
 # Every sequence starts from three diverged branches, so merges have something to copy.
 DIVERGED = [("talk", 1), ("talk", 0), ("fork", 1), ("talk", 1), ("switch", 0), ("talk", 2),
@@ -418,6 +486,9 @@ def test_branch_operations_never_duplicate_and_survive_a_restart(ops):
                     log.switch(names[n % len(names)])
                 elif op == "pin" and turns:
                     log.pin(log.turn(min(n, turns)).ids[-1])
+                elif op == "strategy":
+                    log.set_strategy(STRATEGY_NAMES[n])
+                    assert log.strategy == STRATEGY_NAMES[n]
                 check_no_duplicates(log)
             before = snapshot(log)
         with Archive(root) as archive:

@@ -1,21 +1,34 @@
-"""The `opencortex` command: argument parsing and printing only."""
+"""The `opencortex` command: argument parsing and printing only.
+
+Exit codes and `--json` follow one contract (see `opencortex.clireport`):
+0 ok, 1 failed, 2 usage; with `--json` standard output is exactly one JSON
+object, errors included: {"status": "error", "error": "...", "errors": [...],
+"exit": N} when the command could not run.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import shlex
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
 from opencortex import __version__
+from opencortex.clireport import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, UsageError, fail,
+                                  print_json, reader_gone, usage_failure, wants_json)
 from opencortex.config import Config, ConfigError, load_config
 from opencortex.events import EventError, Thread, chat_message
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
+
+
+class HomeNotWritable(OSError):
+    """The home cannot be written; the message says so once, with what still works."""
 
 
 def _common(top: bool) -> argparse.ArgumentParser:
@@ -47,9 +60,20 @@ def _config_for(args: argparse.Namespace) -> Config:
     return config
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common(top=False)
-    parser = argparse.ArgumentParser(prog="opencortex", parents=[_common(top=True)], description=(
+    parser = Parser(prog="opencortex", parents=[_common(top=True)], description=(
         "Talk to LLM-driven Hy skills; every model reply is read as data, verified, then acted on."))
     parser.add_argument("--version", action="version", version=f"opencortex {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -72,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="dry run: how a model reply is read and judged")
     read.add_argument("file", nargs="?", default="-", help="reply text file, or - for stdin")
     read.add_argument("--channel", default="cli", help="channel the reply answers (default cli)")
+    read.add_argument("--chat-id", default="dry-run",
+                      help="chat id (room id) of the conversation the reply answers "
+                           "(default dry-run); a reply addressed elsewhere is refused")
     read.add_argument("--json", action="store_true")
 
     memory = sub.add_parser("memory", parents=[common], help="search or reindex the archive")
@@ -79,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     search = memory_sub.add_parser("search", parents=[common], help="full-text search")
     search.add_argument("query")
     search.add_argument("--thread", help="only this thread (CHANNEL:CHAT-ID)")
-    search.add_argument("--limit", type=int, default=10)
+    search.add_argument("--limit", type=_at_least_one, default=10, help="most hits (10)")
     search.add_argument("--json", action="store_true")
     memory_sub.add_parser("reindex", parents=[common], help="rebuild the index from the org files")
 
@@ -95,12 +122,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_json(data: Any) -> None:
-    print(json.dumps(data, ensure_ascii=False, indent=2))
+    print_json(data)
 
 
-def _fail(message: str, code: int = EXIT_FAILED) -> int:
-    print(f"opencortex: {message}", file=sys.stderr)
-    return code
+def _fail(message: str, code: int = EXIT_FAILED, *, as_json: bool = False) -> int:
+    return fail(message, as_json=as_json, code=code)
+
+
+def _home_problem(config: Config) -> str | None:
+    """Why the home cannot be written (None when it can): one try at a temporary file."""
+    try:
+        config.memory_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=config.memory_dir, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        return error.strerror or type(error).__name__
+    return None
+
+
+def _require_writable_home(config: Config, what: str) -> None:
+    """Refuse WHAT (chatting, serving, …) at once, clearly, when the home is read-only."""
+    problem = _home_problem(config)
+    if problem is not None:
+        raise HomeNotWritable(f"cannot write to {config.home} ({problem}); {what} needs a "
+                              "writable home: fix its permissions or pass --home DIR. "
+                              "`opencortex memory search` still works.")
 
 
 # -- commands -----------------------------------------------------------------
@@ -113,9 +159,11 @@ async def _chat_once(config: Config, args: argparse.Namespace, thread: Thread) -
         if not args.json:
             for warning in _startup_warnings(kernel):
                 print(f"warning: {warning}", file=sys.stderr)
-        if args.session:
-            await kernel.run_command(thread, f"/load {shlex.quote(args.session)}")
         event = chat_message(args.message, thread.channel, thread.chat_id)
+        if args.session:
+            loaded = await kernel.run_command(thread, f"/load {shlex.quote(args.session)}")
+            if not args.json:
+                print(loaded, file=sys.stderr)
         result = await kernel.handle(event)
     finally:
         await kernel.aclose()
@@ -141,41 +189,17 @@ def _startup_warnings(kernel: Any) -> list[str]:
 
 
 async def _chat_loop(config: Config, thread: Thread, session: str | None) -> int:
-    from opencortex.runtime import build_kernel
-    kernel = build_kernel(config)
-    try:
-        if session:
-            print(await kernel.run_command(thread, f"/load {shlex.quote(session)}"),
-                  file=sys.stderr)
-        for warning in _startup_warnings(kernel):
-            print(f"warning: {warning}", file=sys.stderr)
-        print(f"opencortex {__version__} — thread {thread}, backend {kernel.backend.name}. "
-              "/reload reloads skills, /quit or Ctrl-D leaves.", file=sys.stderr)
-        while True:
-            try:
-                line = await asyncio.to_thread(input, "you> ")
-            except (EOFError, KeyboardInterrupt):
-                print(file=sys.stderr)
-                return EXIT_OK
-            if not line.strip():
-                continue
-            if line.strip() in ("/quit", "/exit"):
-                return EXIT_OK
-            if line.strip() == "/reload":
-                errors = kernel.skills.reload()
-                print(f"reloaded {len(kernel.skills.skills)} skills", file=sys.stderr)
-                for error in errors:
-                    print(f"warning: {error}", file=sys.stderr)
-                continue
-            result = await kernel.handle(chat_message(line, thread.channel, thread.chat_id))
-            _print_unshown_errors(result)
-    finally:
-        await kernel.aclose()
+    """The terminal chat (see `opencortex.terminal`)."""
+    from opencortex.terminal import run_chat
+    return await run_chat(config, thread, session=session)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     config = _config_for(args)
     thread = Thread.parse(args.thread)
+    if args.message is not None:
+        chat_message(args.message, thread.channel, thread.chat_id)    # refuse blank text first
+    _require_writable_home(config, "chatting")
     if args.message is not None:
         return asyncio.run(_chat_once(config, args, thread))
     return asyncio.run(_chat_loop(config, thread, args.session))
@@ -202,17 +226,27 @@ def cmd_skills(args: argparse.Namespace) -> int:
 
 
 def cmd_read_action(args: argparse.Namespace) -> int:
+    """Judge a reply exactly as a turn would, pinning rule included.  No channel can
+    approve in a dry run, so a reply to another conversation shows as rejected, with
+    the address it must use."""
+    from opencortex.pinning import pin
     from opencortex.runtime import build_kernel
+    from opencortex.untrusted import visible
     from opencortex.verification import judge
-    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    # Undecodable bytes become lone surrogates, which the reader refuses with their place.
+    raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    text = raw.decode("utf-8", errors="surrogateescape")
     config = load_config(args.home)
 
     async def dry_run():
         kernel = build_kernel(config)
         try:
-            event = chat_message("(read-action dry run)", args.channel, "dry-run")
-            return judge(text, kernel.skills.skills, await kernel.context(event), kernel.tools,
-                         max_bytes=config.max_reply_bytes, max_depth=config.max_reply_depth)
+            event = chat_message("(read-action dry run)", args.channel, args.chat_id)
+            verdict = judge(text, kernel.skills.skills, await kernel.context(event),
+                            kernel.tools, max_bytes=config.max_reply_bytes,
+                            max_depth=config.max_reply_depth,
+                            max_elements=config.max_reply_elements)
+            return pin(verdict, event, config.chat, can_ask=kernel.can_ask(event))
         finally:
             await kernel.aclose()
 
@@ -222,42 +256,59 @@ def cmd_read_action(args: argparse.Namespace) -> int:
     else:
         print(f"verdict: {verdict.status}")
         if verdict.action is not None:
-            print(f"action:  {verdict.action.printed()}")
+            print(f"action:  {visible(verdict.action.printed())}")
         for error in verdict.errors:
-            print(f"error:   {error}")
+            print(f"error:   {visible(error)}")
         if verdict.approval_reason:
-            print(f"approval: {verdict.approval_reason}")
+            print(f"approval: {visible(verdict.approval_reason)}")
         if verdict.ignored:
-            print(f"ignored: {verdict.ignored!r}")
+            print(f"ignored: {visible(repr(verdict.ignored))}")
     return EXIT_OK if verdict.accepted else EXIT_FAILED
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
     from opencortex.memory import Archive
     config = load_config(args.home)
-    archive = Archive(config.memory_dir)
-    try:
-        if args.memory_command == "reindex":
+    if args.memory_command == "reindex":
+        _require_writable_home(config, "reindexing")
+        with Archive(config.memory_dir) as archive:
             count = archive.reindex()
-            print(f"reindexed {count} messages from {config.memory_dir}")
-            return EXIT_OK
-        thread = Thread.parse(args.thread) if args.thread else None
-        hits = archive.search(args.query, thread=thread, limit=args.limit)
-    finally:
-        archive.close()
-    if args.json:
-        _print_json([hit.model_dump() for hit in hits])
-    else:
-        for hit in hits:
-            print(f"{hit.channel}:{hit.chat_id}  {hit.role:<9} {hit.id}  {hit.snippet}")
-        if not hits:
-            print("no matches", file=sys.stderr)
+        print(f"reindexed {count} messages from {config.memory_dir}")
+        return EXIT_OK
+    thread = Thread.parse(args.thread) if args.thread else None
+    problem = _home_problem(config)
+    warnings = [] if problem is None else [
+        f"cannot write to {config.home} ({problem}); searching the org files directly "
+        "(slower, nothing is saved)"]
+    with Archive(config.memory_dir, read_only=problem is not None) as archive:
+        hits = _unique_hits(archive.search(args.query, thread=thread, limit=2 * args.limit))
+    return _print_hits(hits[:args.limit], warnings, args.json)
+
+
+def _unique_hits(hits: list[Any]) -> list[Any]:
+    """Each message once: copies a /merge made are folded into their original."""
+    from opencortex.conversation.branches import unique
+    return unique(hits)
+
+
+def _print_hits(hits: list[Any], warnings: list[str], as_json: bool) -> int:
+    if as_json:
+        _print_json({"status": "ok", "hits": [hit.model_dump() for hit in hits],
+                     "warnings": warnings})
+        return EXIT_OK
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for hit in hits:
+        print(f"{hit.channel}:{hit.chat_id}  {hit.role:<9} {hit.id}  {hit.snippet}")
+    if not hits:
+        print("no matches", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from opencortex.serve import serve
     config = _config_for(args)
+    _require_writable_home(config, "serving")
     return asyncio.run(serve(config, port=args.port, connection_file=args.connection_file))
 
 
@@ -279,21 +330,62 @@ COMMANDS = {"chat": cmd_chat, "skills": cmd_skills, "read-action": cmd_read_acti
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ARGV; returns the exit code (see `opencortex.clireport`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as error:
+        error.parser = _usage_parser(error.parser, argv)
+        return usage_failure(error, as_json=wants_json(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    as_json = bool(getattr(args, "json", False))
     if args.command is None:
+        if as_json:
+            return _fail("name a command: " + ", ".join(COMMANDS), EXIT_USAGE, as_json=True)
         parser.print_help()
         return EXIT_USAGE
+    return _run(args, as_json)
+
+
+def _usage_parser(parser: argparse.ArgumentParser,
+                  argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser whose usage fits a bad command line: the named (sub)command's, not the
+    top one's (argparse reports leftover arguments from the top)."""
+    for _ in range(3):                                   # opencortex COMMAND ACTION at most
+        choices = getattr(getattr(parser, "subcommands", None), "choices", {})
+        name = next((word for word in argv if word in choices), None)
+        if name is None:
+            break
+        parser = choices[name]
+    return parser
+
+
+def _run(args: argparse.Namespace, as_json: bool) -> int:
+    """Run the parsed command; every failure becomes one report, never a traceback."""
     try:
         return COMMANDS[args.command](args)
+    except BrokenPipeError:         # whoever read standard output stopped (`| head`)
+        return reader_gone()
+    except HomeNotWritable as error:
+        return _fail(str(error), as_json=as_json)
     except (ConfigError, EventError, ValueError) as error:
-        return _fail(str(error))
+        return _fail(str(error), as_json=as_json)
     except OSError as error:
-        return _fail(f"{error.filename or ''}: {error.strerror or error}")
+        where = f"{error.filename}: " if error.filename else ""
+        return _fail(f"{where}{error.strerror or error}", as_json=as_json)
     except KeyboardInterrupt:
-        return EXIT_FAILED
+        return _fail("interrupted", as_json=as_json)
+    except Exception as error:      # a bug: say so plainly; -v logs where it happened
+        from opencortex.memory import ArchiveError
+        if isinstance(error, ArchiveError):                   # says what to do itself
+            return _fail(str(error), as_json=as_json)
+        last = traceback.extract_tb(error.__traceback__)[-1]
+        logging.getLogger(__name__).info("unexpected %s at %s:%s", type(error).__name__,
+                                         last.filename, last.lineno)
+        return _fail(f"unexpected {type(error).__name__}; please report it (run with -v "
+                     "for details)", as_json=as_json)
 
 
 if __name__ == "__main__":  # pragma: no cover

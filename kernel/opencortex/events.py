@@ -12,8 +12,11 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from opencortex.problems import describe
+
 CHANNELS: tuple[str, ...] = ("emacs", "cli", "telegram", "signal", "matrix")
 Channel = Literal["emacs", "cli", "telegram", "signal", "matrix"]
+TEXT_LABEL = "the message text"
 
 
 class EventError(ValueError):
@@ -54,24 +57,27 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     kind: Literal["chat-message"] = "chat-message"
-    text: str = Field(min_length=1)
+    text: str
     channel: Channel
     chat_id: str = Field(min_length=1, max_length=512)
     sender: str | None = Field(default=None, max_length=512)
+    message_id: str | None = Field(default=None, max_length=256)  # the platform's, if any
     received_at: datetime = Field(default_factory=_now)
 
     @field_validator("text")
     @classmethod
     def _not_blank(cls, value: str) -> str:
+        if not value:
+            raise ValueError(f"{TEXT_LABEL} is empty; type some text")
         if not value.strip():
-            raise ValueError("text is blank")
+            raise ValueError(f"{TEXT_LABEL} is blank; type some text")
         return value
 
     @field_validator("chat_id")
     @classmethod
     def _one_line_id(cls, value: str) -> str:
         if not value.strip() or any(c in value for c in "\r\n\0"):
-            raise ValueError("chat id must be a non-blank single line")
+            raise ValueError("chat_id must be a non-blank single line")
         return value
 
     @field_validator("received_at")
@@ -88,11 +94,11 @@ Event = ChatMessage
 
 
 def _describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "event"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)
+    """ERROR in a person's words; problems with the text alone need no preamble."""
+    problems = "; ".join(describe(error, labels={"text": TEXT_LABEL}))
+    if all(item["loc"][:1] == ("text",) for item in error.errors()):
+        return problems
+    return f"invalid chat message: {problems}"
 
 
 def parse_event(data: Any) -> Event:
@@ -111,7 +117,7 @@ def parse_event(data: Any) -> Event:
     try:
         return ChatMessage.model_validate(fields)
     except ValidationError as error:
-        raise EventError(f"invalid chat message: {_describe(error)}") from None
+        raise EventError(_describe(error)) from None
 
 
 def chat_message(text: str, channel: str = "cli", chat_id: str = "local",

@@ -47,7 +47,9 @@ def build_kernel(config: Config, *, backend: Backend | None = None,
     backend = backend or make_backend(config)
     archive = Archive(config.memory_dir)
     summarizer = backend_summarizer(backend) if backend.name not in ("echo", "script") else None
-    conversations = Conversations(archive, config.conversation, summarizer=summarizer)
+    unarchived = [name for name, bridge in config.bridges.enabled().items() if not bridge.archive]
+    conversations = Conversations(archive, config.conversation, summarizer=summarizer,
+                                  unarchived=unarchived)
     return Kernel(config=config, skills=load_skills(config), backend=backend,
                   actuators=actuators, archive=archive, tools=tools,
                   conversations=conversations, persona=read_persona(config.persona_file))

@@ -4,24 +4,30 @@ that persist them in the thread's own org file.
 A control record is an ordinary archive entry (role "system", turn type
 "silence", no parent) whose `extra` says what changed::
 
-    CONTROL  branch | head | pin | unpin
+    CONTROL  branch | head | pin | unpin | strategy
     TARGET   a message id ("" for none)
     BRANCH   a branch name
+    VALUE    the strategy's name (`strategy` only)
 
 - `branch`: create branch BRANCH with its tip at TARGET (the current branch stays);
 - `head`: make BRANCH current, with its tip at TARGET (created when new);
-- `pin` / `unpin`: pin or unpin message TARGET.
+- `pin` / `unpin`: pin or unpin message TARGET;
+- `strategy`: the thread's compression strategy is VALUE from now on.
 
 Its text is one human line ("Forked branch b2 at turn 3") so the file stays
 readable in Emacs.  Replaying a thread's records in file order through
 `BranchState` rebuilds exactly the state that was live before a restart.
+
+A merge copies messages (new ids, MERGED_FROM = the original's id); search
+shows each message once by folding copies into their origin (`unique`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from typing import Literal
+from collections.abc import Iterable
+from typing import Literal, TypeVar
 
 from opencortex.events import Thread
 from opencortex.memory import MessageRecord, NewMessage
@@ -31,10 +37,12 @@ log = logging.getLogger(__name__)
 CONTROL = "CONTROL"
 TARGET = "TARGET"
 BRANCH = "BRANCH"
+VALUE = "VALUE"
 MERGED_FROM = "MERGED_FROM"
 MAIN = "main"
-ControlKind = Literal["branch", "head", "pin", "unpin"]
-CONTROL_KINDS: tuple[str, ...] = ("branch", "head", "pin", "unpin")
+ControlKind = Literal["branch", "head", "pin", "unpin", "strategy"]
+CONTROL_KINDS: tuple[str, ...] = ("branch", "head", "pin", "unpin", "strategy")
+R = TypeVar("R", bound=MessageRecord)
 _GENERATED_NAME = re.compile(r"b([0-9]+)")
 
 
@@ -48,12 +56,27 @@ def origin_of(record: MessageRecord) -> str:
     return record.extra.get(MERGED_FROM) or record.id
 
 
+def unique(records: Iterable[R], *, seen: Iterable[str] = ()) -> list[R]:
+    """RECORDS (search hits, say) with each message once: a merged copy is left out
+    when its original or another copy came earlier, or its origin is in SEEN."""
+    known = set(seen)
+    kept = []
+    for record in records:
+        origin = origin_of(record)
+        if origin not in known and record.id not in known:
+            known.update((origin, record.id))
+            kept.append(record)
+    return kept
+
+
 def control_message(thread: Thread, kind: ControlKind, *, target: str | None, branch: str,
-                    text: str) -> NewMessage:
-    """The control record that persists one change of branch, head or pin state."""
+                    text: str, value: str = "") -> NewMessage:
+    """The control record that persists one change of branch, head, pin or strategy."""
+    extra = {CONTROL: kind, TARGET: target or "", BRANCH: branch}
+    if value:
+        extra[VALUE] = value
     return NewMessage(role="system", text=text, thread=thread, turn_type="silence",
-                      parent=None,
-                      extra={CONTROL: kind, TARGET: target or "", BRANCH: branch})
+                      parent=None, extra=extra)
 
 
 class BranchState:
@@ -63,6 +86,7 @@ class BranchState:
         self.tips: dict[str, str | None] = {MAIN: None}
         self.current: str = MAIN
         self.pins: set[str] = set()
+        self.strategy: str | None = None      # None: the configured default
 
     @property
     def head(self) -> str | None:
@@ -89,6 +113,8 @@ class BranchState:
             self.pins.add(target)
         elif kind == "unpin" and target:
             self.pins.discard(target)
+        elif kind == "strategy":
+            self.strategy = record.extra.get(VALUE) or None
         else:
             log.debug("ignored a control record of unknown kind %r", kind)
 

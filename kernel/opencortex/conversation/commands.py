@@ -4,15 +4,27 @@ A command reads or changes the conversation of the thread it was typed in and
 answers with text for the person.  Changes are written to the archive as
 control records by the thread log, so they survive a restart.  What a command
 shows is a view: never the system prompt.
+
+What is a command: a message whose first word is "/" and a letter, then
+letters or hyphens (`/help`, `/rewind 3`, `/no-such-thing`).  An unknown one
+is an error naming the closest command, never a chat message; text whose
+first word is a path or anything else ("/etc/hosts is odd", "/5", "//x")
+goes to the model.  `/quit` belongs to the frontends that can leave (the
+terminal and Emacs intercept it); elsewhere it answers that it means nothing.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from opencortex.conversation.conversations import Conversation, Conversations
+
+COMMAND_WORD = re.compile(r"/[a-z][a-z-]*")
+FRONTENDS_THAT_QUIT = ("cli", "emacs")
 
 
 class CommandError(ValueError):
@@ -25,6 +37,7 @@ class CommandInput:
 
     persona: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
+    skills: Any = None          # the kernel's SkillRegistry, for /reload
 
 
 Handler = Callable[["Commands", Conversation, list[str], CommandInput], Awaitable[str]]
@@ -41,10 +54,23 @@ def command(name: str, usage: str):
     return register
 
 
+def _first_word(text: str) -> str:
+    stripped = text.strip()
+    return stripped.split(maxsplit=1)[0].lower() if stripped else ""
+
+
 def is_command(text: str) -> bool:
-    """Whether TEXT is a slash command this module knows (so a message like "/etc/x?" is not)."""
-    word = text.strip().split(maxsplit=1)[0].lower() if text.strip() else ""
-    return word.startswith("/") and word[1:] in HANDLERS
+    """Whether TEXT is a slash command, known or not (see the module docstring)."""
+    return COMMAND_WORD.fullmatch(_first_word(text)) is not None
+
+
+def unknown_command(name: str) -> str:
+    """The error for /NAME: the closest command, and the list."""
+    close = difflib.get_close_matches(name, HANDLERS, n=1, cutoff=0.6)
+    hint = f" Did you mean /{close[0]}?" if close else ""
+    names = " ".join(f"/{known}" for known in sorted(HANDLERS))
+    return (f"There is no command /{name}.{hint} Commands: {names}. (To send text starting "
+            "with /word to the model, put another character first.)")
 
 
 def _number(argument: str, what: str) -> int:
@@ -65,14 +91,16 @@ class Commands:
 
     async def run(self, conversation: Conversation, text: str,
                   given: CommandInput | None = None) -> str:
+        """Run the command TEXT on CONVERSATION; CommandError when it is unknown or misused."""
+        name = _first_word(text).removeprefix("/")
+        handler = HANDLERS.get(name)
+        if handler is None:
+            raise CommandError(unknown_command(name))
         try:
             words = shlex.split(text.strip())
         except ValueError as error:
-            raise CommandError(f"cannot read the command: {error}") from None
-        name = words[0].lstrip("/").lower()
-        handler = HANDLERS.get(name)
-        if handler is None:
-            raise CommandError(f"unknown command /{name}; /help lists them")
+            raise CommandError(f"cannot read the command: {error}; close the quote or "
+                               "leave it out") from None
         return await handler(self, conversation, words[1:], given or CommandInput())
 
 
@@ -153,10 +181,48 @@ async def _rewind(commands: Commands, conv: Conversation, args: list[str],
                   given: CommandInput) -> str:
     if not args:
         raise CommandError("usage: /rewind N")
-    kept = conv.log.rewind(_number(args[0], "N"))
+    turn = _number(args[0], "N")
+    kept = conv.log.rewind(turn)
+    if kept is None:
+        return f"Branch {conv.log.branch} ends at turn {turn} already; nothing moved."
     await commands.conversations.refill(conv)
-    later = f"; the later turns are on branch {kept}" if kept else ""
-    return f"Rewound branch {conv.log.branch} to turn {args[0]}{later}."
+    return (f"Rewound branch {conv.log.branch} to turn {turn}. The later turns are on "
+            f"branch {kept}: /switch {kept} gets back to them.")
+
+
+@command("branches", "/branches — the branches of this chat, * marks the current one")
+async def _branches(commands: Commands, conv: Conversation, args: list[str],
+                    given: CommandInput) -> str:
+    lines = []
+    for row in conv.log.branch_summaries():
+        mark = "*" if row["current"] else " "
+        head = _head_question(conv, row["head"])
+        lines.append(f"{mark} {row['name']:<8} {row['turns']:>4} turns, head at turn "
+                     f"{row['head_turn']}{'  ' + head if head else ''}")
+    return "\n".join(lines) + "\n/switch NAME moves to a branch."
+
+
+def _head_question(conv: Conversation, head: str | None) -> str:
+    """The user's message of the turn HEAD is in, shortened (walks back one turn)."""
+    if head is None:
+        return ""
+    for record in reversed(conv.log.ancestors(head)):
+        if record.role == "user":
+            return repr(_short(record.text, 50))
+    return ""
+
+
+@command("switch", "/switch NAME — move to branch NAME (see /branches)")
+async def _switch(commands: Commands, conv: Conversation, args: list[str],
+                  given: CommandInput) -> str:
+    if len(args) != 1:
+        names = ", ".join(conv.log.branches())
+        raise CommandError(f"usage: /switch NAME (branches: {names})")
+    if args[0] == conv.log.branch:
+        return f"You are on branch {args[0]} already ({conv.log.turn_count()} turns)."
+    conv.log.switch(args[0])
+    await commands.conversations.refill(conv)
+    return f"Switched to branch {conv.log.branch} ({conv.log.turn_count()} turns)."
 
 
 @command("merge", "/merge BRANCH — bring that branch's turns here, without duplicates")
@@ -220,13 +286,19 @@ async def _load(commands: Commands, conv: Conversation, args: list[str],
     if saved.thread != conv.thread:
         raise CommandError(f"{name!r} belongs to {saved.thread}; load it there (threads never "
                            "share a conversation)")
-    if saved.branch in conv.log.branches() and conv.log.branches()[saved.branch] == saved.head:
-        conv.log.switch(saved.branch)
-        branch = saved.branch
+    if saved.branch in conv.log.branches() and conv.log.reaches(saved.branch, saved.head):
+        conv.log.switch(saved.branch)      # the branch only grew since: continue it
+    elif saved.head:
+        conv.log.fork(at=saved.head)
     else:
-        branch = conv.log.fork(at=saved.head) if saved.head else conv.log.start_afresh()
+        conv.log.start_afresh()
     await commands.conversations.refill(conv)
-    return f"Loaded {name!r}: you are on branch {branch} with {conv.log.turn_count()} turns."
+    count = conv.log.turn_count()
+    answer = f"Loaded {name!r}: you are on branch {conv.log.branch} with {count} turns."
+    at = conv.log.turn_of(saved.head) if saved.head else None
+    if at is not None and at < count:
+        answer += f" It was saved at turn {at}; /rewind {at} goes back there."
+    return answer
 
 
 @command("sessions", "/sessions [text] — saved sessions (matching text)")
@@ -254,10 +326,33 @@ async def _persona(commands: Commands, conv: Conversation, args: list[str],
     return given.persona or "No persona note is loaded."
 
 
-@command("strategy", "/strategy NAME — sliding, forget, summarize or galois")
+@command("strategy", "/strategy [NAME] — show or choose: sliding, forget, summarize or galois")
 async def _strategy(commands: Commands, conv: Conversation, args: list[str],
                     given: CommandInput) -> str:
     if not args:
         return f"Compression strategy: {conv.context.strategy}."
-    conv.context.set_strategy(args[0])
-    return f"Compression strategy for this session: {args[0]}."
+    name = args[0].lower()
+    conv.context.set_strategy(name)         # ValueError naming the strategies
+    conv.log.set_strategy(name)
+    return f"Compression strategy for this chat: {name} (kept across restarts)."
+
+
+@command("reload", "/reload — load the skills again from disk")
+async def _reload(commands: Commands, conv: Conversation, args: list[str],
+                  given: CommandInput) -> str:
+    if given.skills is None:
+        raise CommandError("/reload needs the kernel's skills, which this caller did not give")
+    errors = given.skills.reload()
+    lines = [f"Reloaded {len(given.skills.skills)} skills."]
+    lines += [f"Broken: {error}" for error in errors]
+    return "\n".join(lines)
+
+
+@command("quit", "/quit — leave the chat (terminal and Emacs)")
+async def _quit(commands: Commands, conv: Conversation, args: list[str],
+                given: CommandInput) -> str:
+    if conv.thread.channel in FRONTENDS_THAT_QUIT:
+        return ("/quit leaves the interactive terminal chat and closes the Emacs chat; "
+                "a single message has nothing to leave.")
+    return (f"/quit means nothing on {conv.thread.channel}: this chat stays open. "
+            "/reset starts afresh.")

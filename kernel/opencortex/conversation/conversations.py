@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from opencortex.conversation.compression import CompressionReport
 from opencortex.conversation.context import WorkingContext
@@ -23,6 +23,7 @@ from opencortex.conversation.settings import ConversationSettings
 from opencortex.conversation.threadlog import ThreadLog
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, NewMessage
+from opencortex.memory.working import WorkingMemory
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +51,20 @@ class Conversations:
     """The conversations of one kernel, opened lazily, by thread."""
 
     def __init__(self, archive: Archive, settings: ConversationSettings, *,
-                 summarizer: Any = None):
+                 summarizer: Any = None, unarchived: Collection[str] = ()):
         self.archive = archive
+        self.unarchived = frozenset(unarchived)   # channels kept in working memory only
+        self.working = WorkingMemory()
         self.settings = settings
         self.summarizer = summarizer
         self.recall = Recall(archive, settings.owners, settings.recall_across_owners)
         self.saved = SavedSessions(archive.root, owners=settings.owners, archive=archive)
         self._open: OrderedDict[Thread, Conversation] = OrderedDict()  # least recent first
+
+    def store_for(self, thread: Thread) -> Archive | WorkingMemory:
+        """Where THREAD's messages are kept: the archive, or working memory only for a
+        channel configured with `archive = false`."""
+        return self.working if thread.channel in self.unarchived else self.archive
 
     def owner(self, thread: Thread) -> str:
         return owner_of(thread, self.settings.owners)
@@ -67,10 +75,11 @@ class Conversations:
         if conversation is not None:
             self._open.move_to_end(thread)
             return conversation
-        thread_log = ThreadLog.load(self.archive, thread)
+        thread_log = ThreadLog.load(self.store_for(thread), thread)
         session = Session.from_log(thread_log, max_turns=self.settings.max_turns,
                                    max_tokens=self.settings.max_tokens)
-        conversation = Conversation(thread, thread_log, self._new_context(), session)
+        conversation = Conversation(thread, thread_log, self._chosen_context(thread_log),
+                                    session)
         await self.refill(conversation)
         self._open[thread] = conversation
         self._let_go()
@@ -84,6 +93,17 @@ class Conversations:
 
     def _new_context(self) -> WorkingContext:
         return WorkingContext.from_settings(self.settings, summarizer=self.summarizer)
+
+    def _chosen_context(self, thread_log: ThreadLog) -> WorkingContext:
+        """A new context with the strategy /strategy chose for the thread, if any."""
+        context = self._new_context()
+        if thread_log.strategy:
+            try:
+                context.set_strategy(thread_log.strategy)
+            except ValueError:
+                log.warning("thread %s keeps an unknown strategy; using %s", thread_log.thread,
+                            context.strategy)
+        return context
 
     async def refill(self, conversation: Conversation) -> CompressionReport | None:
         """A fresh working context for the current branch (after a start, fork, rewind, …)."""

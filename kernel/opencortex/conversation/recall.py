@@ -26,6 +26,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 
+from opencortex.conversation.branches import unique
 from opencortex.conversation.entries import Entry
 from opencortex.events import Thread
 from opencortex.memory import Archive, SearchHit
@@ -153,10 +154,10 @@ class Recall:
         thread = Thread(*thread)
         scope = self.scope(thread)
         allowed = {self.owner(thread), *self.shared_owners}
-        hits = self.archive.search(recall_query(query), threads=scope, limit=k,
+        hits = self.archive.search(recall_query(query), threads=scope, limit=2 * k,
                                    exclude_ids=exclude_ids)
         entries = []
-        for hit in hits:
+        for hit in unique(hits, seen=exclude_ids)[:k]:   # a merged copy is the same message
             if hit.thread != thread and self.owner(hit.thread) not in allowed:
                 log.error("recall: dropped a hit outside the owner's scope")   # never expected
                 continue

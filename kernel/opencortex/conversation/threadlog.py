@@ -2,9 +2,9 @@
 
 `ThreadLog.load` reads the thread's org file once and replays it: conversation
 records become nodes of the graph, control records (see `branches`) rebuild the
-branch tips, the current branch and the pins.  Every later change is written
-to the archive first and then applied to memory by the same replay step, so a
-fresh `load` after a restart always gives the same state.  After loading,
+branch tips, the current branch, the pins and the compression strategy.  Every
+later change is written to the archive first and then applied to memory by the
+same replay step, so a fresh `load` after a restart always gives the same state.  After loading,
 nothing here reads the archive again: `ancestors` walks an in-memory map and
 the current branch's path is cached and extended as turns are appended.
 
@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import Any
 
 from opencortex.conversation.branches import (MERGED_FROM, BranchState, control_message,
                                               is_control, origin_of)
 from opencortex.conversation.entries import Entry, default_retention
+from opencortex.conversation.turns import Turn
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, NewMessage
 from opencortex.memory.records import check_thread
@@ -33,30 +34,6 @@ class UnknownMessage(KeyError, ValueError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown message"
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One turn of a branch: the user's message and what followed it."""
-
-    number: int                                  # 1-based, on the branch it was read from
-    user: MessageRecord | None                   # None only for messages before any user message
-    replies: list[MessageRecord] = field(default_factory=list)
-
-    @property
-    def records(self) -> list[MessageRecord]:
-        """The turn's messages in order."""
-        return ([self.user] if self.user is not None else []) + list(self.replies)
-
-    @property
-    def ids(self) -> list[str]:
-        """The ids of the turn's messages in order."""
-        return [record.id for record in self.records]
-
-    @property
-    def last(self) -> str:
-        """The id of the turn's last message (where a rewind to this turn puts the head)."""
-        return self.ids[-1]
 
 
 class ThreadLog:
@@ -137,6 +114,24 @@ class ThreadLog:
     def pins(self) -> set[str]:
         """The ids of the pinned messages."""
         return set(self._state.pins)
+
+    @property
+    def strategy(self) -> str | None:
+        """The compression strategy chosen for this thread (None: the configured one)."""
+        return self._state.strategy
+
+    def branch_summaries(self) -> list[dict[str, Any]]:
+        """Each branch in order of creation: {"name", "head_turn" (the turn its head
+        is in, 0 when empty), "turns" (how many it has: the same number), "current",
+        "head" (the head's message id or None)}.  Costs one walk per branch."""
+        out = []
+        for name, tip in self._state.tips.items():
+            path = self._walk(tip)
+            turns = sum(1 for i, mid in enumerate(path)
+                        if i == 0 or self._records[mid].role == "user")
+            out.append({"name": name, "head_turn": turns, "turns": turns,
+                        "current": name == self.branch, "head": tip})
+        return out
 
     def record(self, message_id: str) -> MessageRecord:
         """The conversation message MESSAGE_ID of this thread (UnknownMessage otherwise)."""
@@ -329,6 +324,13 @@ class ThreadLog:
         self._write(messages)
         return keeper
 
+    def reaches(self, branch: str, message_id: str | None) -> bool:
+        """Whether MESSAGE_ID is on BRANCH (its tip or an ancestor); None, where
+        every branch starts, always is."""
+        self._check_branch(branch)
+        tip = self._state.tips[branch]
+        return message_id is None or (tip is not None and self._reaches(tip, message_id))
+
     def _reaches(self, tip: str, message_id: str | None) -> bool:
         """True when MESSAGE_ID is TIP or one of its ancestors."""
         here: str | None = tip
@@ -368,6 +370,15 @@ class ThreadLog:
         if branch not in self._state.tips:
             raise ValueError(f"there is no branch {branch!r}; branches: "
                              + ", ".join(self._state.tips))
+
+    def set_strategy(self, name: str) -> bool:
+        """Keep NAME as this thread's compression strategy (the caller checked it is
+        one); False when it already was."""
+        if name == self._state.strategy:
+            return False
+        self._write([control_message(self.thread, "strategy", target=None, branch=self.branch,
+                                     text=f"Compression strategy {name}", value=name)])
+        return True
 
     def pin(self, message_id: str) -> bool:
         """Pin MESSAGE_ID (it is never folded away); False when it already was."""
