@@ -1,27 +1,43 @@
 ;;; opencortex-approval.el --- Approving or denying what the kernel wants to run  -*- lexical-binding: t; coding: utf-8 -*-
 
-;; This file is part of opencortex.  License: GPL-3.0-or-later.
+;; This file is part of opencortex.
+;; SPDX-License-Identifier: GPL-3.0-or-later
 
 ;;; Commentary:
 
-;; When an action needs a person's yes (a shell command first), the kernel
-;; calls `opencortex-ask-approval'.  The chat buffer then shows exactly what
-;; would run (the argument vector), where and why, with [Approve] and [Deny]
-;; buttons; \\[opencortex-approve] and \\[opencortex-deny] answer the latest
-;; pending one.  The answer goes back with `answer-approval'.  No answer
-;; within the request's :timeout is a denial: the prompt then says so (the
-;; kernel denies on its own at the same time).
+;; When an action needs a person's yes (a shell command, a post to another
+;; conversation), the kernel calls `opencortex-ask-approval'.  The chat
+;; buffer then shows what would happen, with [Approve] and [Deny] buttons;
+;; \\[opencortex-approve] and \\[opencortex-deny] answer the latest pending
+;; one.  The answer goes back with `answer-approval'.  No answer within the
+;; request's :timeout is a denial: the prompt then says so (the kernel
+;; denies on its own at the same time).
+;;
+;; The block is built from the kernel's facts only: the title, what will
+;; run (or be sent) in an escaped example block, the directory, the names
+;; of the environment variables, the skill that asked, the conversation.
+;; The model's own words about its request come last, as one quoted line
+;; of at most `opencortex-approval-note-limit' characters in
+;; `opencortex-model-note-face', marked unverified, with no org links: a
+;; model cannot draw a second approval block, a heading or a button.
 
 ;;; Code:
 
 (require 'cl-lib)
 (require 'button)
+(require 'org-src)
 (require 'subr-x)
 (require 'opencortex-chat)
 
 (defcustom opencortex-approval-default-timeout 120
   "Seconds an approval waits when the kernel names no :timeout."
   :type 'number
+  :group 'opencortex)
+
+(defcustom opencortex-approval-note-limit 200
+  "Most characters of the model's note shown in an approval request.
+The kernel caps the note too; a longer one is cut and ends with \"…\"."
+  :type 'natnum
   :group 'opencortex)
 
 (cl-defstruct (opencortex--approval (:constructor opencortex--make-approval (id))
@@ -38,36 +54,111 @@ START and END hold the line of buttons, replaced by the outcome."
   (mapcar #'opencortex--approval-id opencortex--approvals))
 
 (defun opencortex--org-example (text)
-  "TEXT escaped for an org example block (lines starting with * or #+)."
-  (replace-regexp-in-string "^\\([*]\\|#\\+\\)" ",\\1" text t))
+  "TEXT as the inside of an org example block.
+Control characters are made visible, and lines that org would read as
+structure (starting with * or #+, possibly indented, or with such a line
+escaped by commas) get org's comma escape: nothing inside can end the
+block or start a heading."
+  (org-escape-code-in-string (opencortex--ensure-newline (opencortex--visible text))))
+
+(defun opencortex--approval-string (details key)
+  "The string under KEY in DETAILS, or nil when it is missing, empty or no string."
+  (let ((value (plist-get details key)))
+    (and (stringp value) (not (string-empty-p value)) value)))
+
+(defun opencortex--approval-strings (details key)
+  "The strings in the list under KEY in DETAILS (others are left out)."
+  (let ((value (plist-get details key)))
+    (and (listp value) (cl-remove-if-not #'stringp value))))
+
+(defun opencortex--approval-title (details)
+  "The title of the request DETAILS, from :title or else from its kind."
+  (or (opencortex--approval-string details :title)
+      (cond ((equal (plist-get details :action-class) "cross-post")
+             "Post to another conversation")
+            ((or (opencortex--approval-string details :command)
+                 (opencortex--approval-strings details :argv))
+             "Run a command")
+            (t "An action"))))
+
+(defun opencortex--approval-note (details)
+  "The model's note in DETAILS (:model-note, or the older :reason), or nil."
+  (or (opencortex--approval-string details :model-note)
+      (opencortex--approval-string details :reason)))
+
+(defun opencortex--approval-field (label value)
+  "The description-list line LABEL :: VALUE, VALUE made one inert line.
+Nothing when VALUE is nil."
+  (if value (format "- %s :: %s\n" label (opencortex--inert-line value)) ""))
+
+(defun opencortex--quote-argument (argument)
+  "ARGUMENT as a Lisp string literal, newlines and controls escaped."
+  (let ((print-escape-newlines t)
+        (print-escape-control-characters t))
+    (prin1-to-string argument)))
 
 (defun opencortex--approval-text (details)
-  "Org text describing DETAILS, the plist of an approval request."
-  (let ((command (plist-get details :command))
-        (argv (plist-get details :argv))
-        (cwd (plist-get details :cwd))
-        (reason (plist-get details :reason)))
-    (concat "* Approval needed: run a command\n"
-            "#+begin_example\n"
-            (opencortex--org-example
-             (opencortex--ensure-newline
-              (if (stringp command) command (mapconcat #'identity argv " "))))
-            "#+end_example\n"
-            (format "- argv :: %s\n" (mapconcat #'prin1-to-string argv " "))
-            (if (stringp cwd) (format "- directory :: %s\n" cwd) "")
-            (if (stringp reason) (format "- why :: %s\n" reason) ""))))
+  "Org text describing the approval request DETAILS (a plist).
+It is built from the kernel's facts: the :title; the :command (or the
+:argv joined), the :text to post or the printed :action in an escaped
+example block; then :target, :argv, :cwd, :env (names), :skill and
+:thread, each one inert line.  Last comes the model's note (see
+`opencortex--approval-note') as one quoted, capped, inert line in
+`opencortex-model-note-face'."
+  (let* ((argv (opencortex--approval-strings details :argv))
+         (shown (or (opencortex--approval-string details :command)
+                    (and argv (mapconcat #'identity argv " "))
+                    (opencortex--approval-string details :text)
+                    (opencortex--approval-string details :action)))
+         (class (opencortex--approval-string details :action-class))
+         (env (opencortex--approval-strings details :env))
+         (note (opencortex--approval-note details)))
+    (concat
+     (format "* Approval needed: %s\n"
+             (opencortex--inert-line (opencortex--approval-title details) 120))
+     (if shown (concat "#+begin_example\n" (opencortex--org-example shown) "#+end_example\n") "")
+     (if (and class (not (member class '("shell" "cross-post"))))
+         (opencortex--approval-field "action" class)
+       "")
+     (opencortex--approval-field "post to" (opencortex--approval-string details :target))
+     (if argv
+         (opencortex--approval-field "argv" (mapconcat #'opencortex--quote-argument argv " "))
+       "")
+     (opencortex--approval-field "directory" (opencortex--approval-string details :cwd))
+     (if (or env (plist-member details :env) (equal class "shell"))
+         (opencortex--approval-field "environment"
+                                     (if env (mapconcat #'identity env ", ") "(none passed)"))
+       "")
+     (opencortex--approval-field "asked by skill" (opencortex--approval-string details :skill))
+     (opencortex--approval-field "conversation" (opencortex--approval-string details :thread))
+     (if note
+         (concat "- the model says (unverified) :: "
+                 (propertize
+                  (concat "“" (opencortex--inert-line note opencortex-approval-note-limit) "”")
+                  'face 'opencortex-model-note-face
+                  'font-lock-face 'opencortex-model-note-face
+                  'opencortex-model-text t
+                  'help-echo "The model's words: the kernel did not check them")
+                 "\n")
+       ""))))
 
 (defun opencortex--handle-ask-approval (approval-id details)
-  "Method `opencortex-ask-approval': show request APPROVAL-ID described by DETAILS.
-DETAILS is a plist (:command :argv :cwd :reason :timeout)."
+  "Method `opencortex-ask-approval': show APPROVAL-ID, described by DETAILS.
+DETAILS is a plist: :title, :action-class (\"shell\", \"cross-post\" or a
+tool's name), :command and :argv (what will run), :cwd, :env (names of
+the environment variables passed), :skill (which skill asked), :thread
+\(the conversation asking), :target and :text (where a post goes and what
+it says), :action (any other action, printed), :model-note (the model's
+words; the older :reason counts as the same) and :timeout (seconds).
+See `opencortex--approval-text'."
   (let* ((id (if (stringp approval-id) approval-id (format "%s" approval-id)))
          (timeout (let ((given (plist-get details :timeout)))
                     (if (and (numberp given) (> given 0))
                         given
                       opencortex-approval-default-timeout)))
          (approval (opencortex--make-approval id)))
-    (unless (listp (plist-get details :argv))
-      (error "opencortex-ask-approval: :argv must be a list of strings"))
+    (unless (and (listp details) (listp (plist-get details :argv)))
+      (error "The approval details must be a plist, with :argv a list of strings"))
     (opencortex--output (opencortex--approval-text details) nil 'approval)
     (opencortex--with-output
      (lambda ()

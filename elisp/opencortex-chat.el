@@ -1,6 +1,7 @@
 ;;; opencortex-chat.el --- The *opencortex-chat* buffer  -*- lexical-binding: t; -*-
 
-;; This file is part of opencortex.  License: GPL-3.0-or-later.
+;; This file is part of opencortex.
+;; SPDX-License-Identifier: GPL-3.0-or-later
 
 ;;; Commentary:
 
@@ -13,6 +14,13 @@
 ;; Nothing here talks to the kernel directly: every outgoing call goes through
 ;; `opencortex--request', which calls `opencortex--call-function' (the EPC
 ;; connection in opencortex.el; a recorder in the tests).
+;;
+;; Everything the kernel sends passes `opencortex--visible' before it is
+;; inserted: control characters (an ESC starting a terminal sequence, a CR
+;; that would hide what came before it, bidi overrides that reorder what is
+;; read) become visible symbols.  Text the model wrote inside a kernel block
+;; goes through `opencortex--inert-line': one line, no org links.  And org
+;; itself asks before a link or a code block in the buffer runs anything.
 
 ;;; Code:
 
@@ -47,6 +55,13 @@ batch of streamed text counts as one update)."
 (defface opencortex-error-face
   '((t :inherit error))
   "Face of errors shown in the chat buffer."
+  :group 'opencortex)
+
+(defface opencortex-model-note-face
+  '((t :inherit font-lock-doc-face :slant italic))
+  "Face of the model's own words quoted in a block the kernel drew.
+An approval shows what the model said about its request in this face,
+so that it never reads as the kernel's account of what will run."
   :group 'opencortex)
 
 ;;;; State shared by the chat files
@@ -95,14 +110,64 @@ ON-SUCCESS gets the result; ON-ERROR a message (default: shown in the buffer)."
     map)
   "Keymap of `opencortex-chat-mode'.")
 
+(easy-menu-define opencortex-chat-mode-menu opencortex-chat-mode-map
+  "Menu of the opencortex chat buffer."
+  '("Opencortex"
+    ["Send" opencortex-send]
+    ["Abort the turn" opencortex-abort]
+    "---"
+    ["Approve" opencortex-approve :active (opencortex-pending-approvals)]
+    ["Deny" opencortex-deny :active (opencortex-pending-approvals)]
+    "---"
+    ["Fork a branch" opencortex-fork]
+    ["Rewind to a turn..." opencortex-rewind]
+    ["Switch branch..." opencortex-switch-branch]
+    "---"
+    ["Open the archive" opencortex-open-memory]
+    ["Reload skills" opencortex-reload-skills]
+    ["Set the backend..." opencortex-set-backend]
+    ["Set the model..." opencortex-set-model]
+    ["Restart the kernel" opencortex-restart]
+    ["Stop the kernel" opencortex-stop]
+    "---"
+    ["Customize" (customize-group 'opencortex)]))
+
 (define-derived-mode opencortex-chat-mode org-mode "opencortex"
-  "Chat with the opencortex kernel.
-Type below the prompt; \\[opencortex-send] sends (a line starting with
-/ is a slash command), \\[opencortex-abort] aborts the running turn,
-\\[opencortex-approve] and \\[opencortex-deny] answer the latest approval.
+  "Major mode of the chat buffer: talk to the opencortex kernel.
+The buffer is an org document.  The transcript above the prompt is
+read-only; type your message below the prompt.
+
+\\[opencortex-send] sends it; a line starting with / is a slash command
+\(/help lists them).  \\[opencortex-abort] aborts the turn that is running.
+The reply streams in and becomes an org subtree.
+
+When the kernel asks before it runs a command or posts elsewhere, the
+request shows what would run, where, and which skill asked;
+\\[opencortex-approve] approves and \\[opencortex-deny] denies the latest one
+\(or use its buttons).  No answer in time means no.
+
+Branches: \\[opencortex-fork] starts a new branch (from the latest turn, or
+with a prefix argument from a turn you name), \\[opencortex-rewind] goes back
+to an earlier turn, \\[opencortex-switch-branch] moves to another branch.  The
+header line shows the turn, the branch, the context in use, the cost
+\(\"—\" for a model without a price) and the average latency.
+
+The kernel: \\[opencortex-set-backend] and \\[opencortex-set-model] choose what
+answers, \\[opencortex-reload-skills] reloads the skills, \\[opencortex-open-memory]
+opens the org archive of this chat, \\[opencortex-restart] and \\[opencortex-stop]
+restart and stop it.
+
+Links and code blocks in this buffer may come from the model: following
+an elisp or shell link, or evaluating a block, always asks first.
 
 \\{opencortex-chat-mode-map}"
+  :group 'opencortex
   (setq-local header-line-format '(:eval (opencortex--header-line)))
+  ;; Whatever the person's settings, nothing the model wrote runs unasked.
+  (setq-local org-confirm-babel-evaluate t)
+  (setq-local org-link-elisp-confirm-function #'yes-or-no-p)
+  (setq-local org-link-shell-confirm-function #'yes-or-no-p)
+  (setq-local org-link-elisp-skip-confirm-regexp "")
   (opencortex--setup-input-area))
 
 (defun opencortex--chat-buffer ()
@@ -113,6 +178,63 @@ Type below the prompt; \\[opencortex-send] sends (a line starting with
                    (markerp opencortex--input-marker))
         (opencortex-chat-mode)))
     buffer))
+
+;;;; Text from the kernel
+
+(defconst opencortex--control-regexp
+  (rx (any (0 . 8) (11 . 31) 127 (#x80 . #x9f) (#x202a . #x202e) (#x2066 . #x2069)))
+  "Characters that must not reach the buffer as they are.
+C0 controls except tab and newline, DEL, C1 controls, and the bidi
+embeddings, overrides and isolates.")
+
+(defun opencortex--visible-char (char)
+  "The visible stand-in for the control character CHAR."
+  (cond ((< char 32) (string (+ #x2400 char)))
+        ((= char 127) (string #x2421))
+        (t (format "⟨U+%04X⟩" char))))
+
+(defun opencortex--visible (text)
+  "TEXT with its control characters made visible.
+A C0 control other than tab and newline shows as its Unicode control
+picture (ESC as ␛, CR as ␍), DEL as ␡; a C1 control or a bidi override
+or isolate as ⟨U+XXXX⟩.  Nothing then reaches the buffer (or a terminal
+showing it) that moves the cursor, hides text or reorders it; the
+function is idempotent."
+  (if (string-match-p opencortex--control-regexp text)
+      (replace-regexp-in-string
+       opencortex--control-regexp
+       (lambda (match) (opencortex--visible-char (aref match 0)))
+       text t t)
+    text))
+
+(defun opencortex--break-links (text)
+  "TEXT with nothing org would read as a link.
+`[[' and `]]' get a zero-width space between their brackets, and so does
+the colon after the name of a link type (\"elisp:\", \"shell:\",
+\"file:\"..., in any case) that could start a plain or angle link."
+  (let* ((case-fold-search t)
+         (types (delete-dups (append '("elisp" "shell" "file" "help" "info")
+                                     (and (fboundp 'org-link-types) (org-link-types)))))
+         (text (replace-regexp-in-string "\\[\\[" "[\u200b[" text t t))
+         (text (replace-regexp-in-string "]]" "]\u200b]" text t t)))
+    (replace-regexp-in-string (concat "\\(" (regexp-opt types) "\\):") "\\1\u200b:" text t)))
+
+(defun opencortex--one-line (text &optional limit)
+  "TEXT as one line: newlines become ␤, tabs spaces, controls visible.
+With LIMIT, text longer than LIMIT characters is cut there and ends
+with \"…\"."
+  (let* ((text (replace-regexp-in-string "\r?\n" "␤" text t t))
+         (text (replace-regexp-in-string "\t" " " text t t))
+         (text (opencortex--visible text)))
+    (if (and limit (> (length text) limit))
+        (concat (substring text 0 limit) "…")
+      text)))
+
+(defun opencortex--inert-line (text &optional limit)
+  "TEXT as one inert line: safe inside a line of org text the kernel drew.
+It is `opencortex--one-line' (with LIMIT) with its org links broken (see
+`opencortex--break-links')."
+  (opencortex--break-links (opencortex--one-line text limit)))
 
 (defun opencortex--read-only (text &optional face)
   "TEXT as transcript: read-only, in FACE when non-nil."
@@ -163,15 +285,37 @@ Type below the prompt; \\[opencortex-send] sends (a line starting with
   "Call FUNCTION in the chat buffer with point at the output position.
 Read-only text may be changed; point, windows and the input area stay
 where they are.  Output is not undoable and clears the undo list (the
-positions it holds would be stale)."
+positions it holds would be stale).  Afterwards the prompt still starts
+a line of its own (see `opencortex--keep-prompt-on-its-line')."
   (with-current-buffer (opencortex--chat-buffer)
     (let ((inhibit-read-only t)
           (undo-enabled (not (eq buffer-undo-list t))))
       (prog1 (let ((buffer-undo-list t))
-               (save-excursion
-                 (goto-char opencortex--output-marker)
-                 (funcall function)))
+               (prog1 (save-excursion
+                        (goto-char opencortex--output-marker)
+                        (funcall function))
+                 (opencortex--keep-prompt-on-its-line)))
         (when undo-enabled (setq buffer-undo-list nil))))))
+
+(defun opencortex--keep-prompt-on-its-line ()
+  "Keep the prompt at the start of a line, whatever the transcript ends with.
+Output that ends inside a line (a reply still streaming, kernel text
+that continues later) would run into the prompt, and the prompt would
+no longer be a heading.  While the transcript's last line is open, a
+read-only newline that is not part of the transcript sits between them;
+it goes when the transcript ends its line.  Call it with the chat buffer
+current and `inhibit-read-only' bound."
+  (let* ((out opencortex--output-marker)
+         (open (not (or (= out (point-min)) (eq (char-before out) ?\n))))
+         (separated (get-text-property out 'opencortex-separator)))
+    (cond ((and open (not separated))
+           (save-excursion
+             (goto-char out)
+             (insert (propertize "\n" 'opencortex-separator t 'read-only t
+                                 'front-sticky '(read-only)))
+             (set-marker out (1- (point)))))
+          ((and separated (not open))
+           (delete-region out (1+ out))))))
 
 (defun opencortex--changed (beg end)
   "Run `opencortex-after-insert-hook' for BEG..END of the current buffer."
@@ -193,7 +337,7 @@ always starts a line."
                   (not (string-prefix-p "* " text)))
        (opencortex--fresh-line))
      (let ((beg (point)))
-       (insert (opencortex--read-only text face))
+       (insert (opencortex--read-only (opencortex--visible text) face))
        (setq opencortex--last-output-kind (or kind 'block))
        (opencortex--changed beg (point))
        (point)))))
@@ -216,7 +360,7 @@ always starts a line."
 (defun opencortex--check-string (value what)
   "Signal an error unless VALUE, the argument WHAT, is a string."
   (unless (stringp value)
-    (error "opencortex: %s must be a string, got %S" what (type-of value))))
+    (error "The argument %s must be a string, not %S" what (type-of value))))
 
 (defun opencortex--handle-insert (buffer text)
   "Method `opencortex-insert': insert TEXT at the end of BUFFER.
@@ -227,11 +371,11 @@ In the chat buffer the text goes before the input area."
       (opencortex--output text nil 'insert)
     (with-current-buffer (get-buffer-create buffer)
       (when buffer-read-only
-        (error "opencortex: buffer %s is read-only" buffer))
+        (error "Buffer %s is read-only" buffer))
       (save-excursion
         (goto-char (point-max))
         (let ((beg (point)))
-          (insert text)
+          (insert (opencortex--visible text))
           (opencortex--changed beg (point))))))
   t)
 
@@ -259,26 +403,45 @@ In the chat buffer the text goes before the input area."
   "VALUE formatted with FORMAT-STRING, or \"-\" when it is not a number."
   (if (numberp value) (format format-string value) "-"))
 
+(defun opencortex--cost-text (status)
+  "The cost in STATUS for the header line.
+\"—\" when nothing could be priced: the cost is 0 and some turns ran on a
+model without a price (:unpriced-turns above 0, or :cost-known present
+and false).  A cost above 0 with unpriced turns is a lower bound: \"≥$…\"."
+  (let* ((cost (plist-get status :cost-usd))
+         (unpriced (plist-get status :unpriced-turns))
+         (partial (or (and (numberp unpriced) (> unpriced 0))
+                      (and (plist-member status :cost-known)
+                           (null (plist-get status :cost-known))))))
+    (cond ((not (numberp cost)) "$-")
+          ((and partial (zerop cost)) "—")
+          (partial (format "≥$%.4f" cost))
+          (t (format "$%.4f" cost)))))
+
 (defun opencortex--format-header (status state)
   "The header text for STATUS (a plist) and connection STATE (a symbol).
-STATUS holds :turn, :context-percent, :cost-usd, :latency-ms (average),
-:backend and :warning."
+STATUS holds :turn, :branch, :context-percent, :cost-usd (with
+:unpriced-turns or :cost-known, see `opencortex--cost-text'),
+:latency-ms (average), :backend and :warning."
   (let ((parts (list (if (memq state '(ready nil))
                          "opencortex"
                        (format "opencortex [%s]" state)))))
     (when status
       (push (concat "turn " (opencortex--number (plist-get status :turn) "%d")) parts)
+      (let ((branch (plist-get status :branch)))
+        (when (and (stringp branch) (not (string-empty-p branch)))
+          (push (concat "branch " (opencortex--one-line branch 40)) parts)))
       (push (concat "context " (opencortex--number (plist-get status :context-percent) "%.1f")
                     "%")
             parts)
-      (push (concat "$" (opencortex--number (plist-get status :cost-usd) "%.4f")) parts)
+      (push (opencortex--cost-text status) parts)
       (push (concat "avg " (opencortex--number (plist-get status :latency-ms) "%.0f") " ms")
             parts)
       (let ((backend (plist-get status :backend)))
-        (when (stringp backend) (push backend parts)))
+        (when (stringp backend) (push (opencortex--one-line backend 40) parts)))
       (let ((warning (plist-get status :warning)))
         (when (and (stringp warning) (not (string-empty-p warning)))
-          (push (propertize warning 'face 'warning) parts))))
+          (push (propertize (opencortex--one-line warning 200) 'face 'warning) parts))))
     (mapconcat #'identity (nreverse parts) " | ")))
 
 (defun opencortex--header-line ()

@@ -1,6 +1,7 @@
 ;;; opencortex-connection.el --- The one connection to the kernel  -*- lexical-binding: t; -*-
 
-;; This file is part of opencortex.  License: GPL-3.0-or-later.
+;; This file is part of opencortex.
+;; SPDX-License-Identifier: GPL-3.0-or-later
 
 ;;; Commentary:
 
@@ -23,15 +24,27 @@
 
 ;;;; Options
 
-(defcustom opencortex-python-command '("python3" "-m" "opencortex")
-  "Command that runs the opencortex command line, as a list of strings.
-The kernel is started as this command followed by \"serve\" and
-`opencortex-kernel-arguments'."
-  :type '(repeat string)
+(define-obsolete-variable-alias 'opencortex-python-command 'opencortex-program "0.1.0")
+
+(defcustom opencortex-program nil
+  "The opencortex program Emacs starts the kernel with.
+nil (the default) finds it: first the `opencortex' of the Python
+installation these Emacs Lisp files came with (the .venv/bin of the
+source checkout whose elisp/ directory holds them, or the bin directory
+of the Python whose site-packages holds them), then `opencortex' on
+the variable `exec-path', and last \"python3 -m opencortex\".  A string
+names the program; a list of strings is a whole command, such as
+\(\"python3.12\" \"-m\" \"opencortex\").  The kernel runs as this command
+followed by \"serve\" and `opencortex-kernel-arguments'."
+  :type '(choice (const :tag "Find it" nil)
+                 (file :tag "Program")
+                 (repeat :tag "Command" string))
   :group 'opencortex)
 
 (defcustom opencortex-kernel-arguments nil
-  "Extra arguments after \"serve\", such as (\"--home\" \"/some/dir\")."
+  "Extra arguments after \"serve\", such as (\"--home\" \"/some/dir\").
+\\[opencortex-set-backend] and \\[opencortex-set-model] change the
+\"--backend\" and \"--model\" given here."
   :type '(repeat string)
   :group 'opencortex)
 
@@ -104,9 +117,62 @@ kernel was ready, newest first."
   "A new random secret: 64 hex digits (32 bytes)."
   (secure-hash 'sha256 (format "%s%s%s" (random t) (current-time) (emacs-pid))))
 
+(defconst opencortex--elisp-directory
+  (file-name-directory (file-truename (or load-file-name buffer-file-name default-directory)))
+  "The directory these Emacs Lisp files were loaded from (symbolic links followed).")
+
+(defun opencortex--site-packages (directory)
+  "The site-packages (or dist-packages) directory holding DIRECTORY, or nil."
+  (let ((dir (directory-file-name (expand-file-name directory)))
+        found)
+    (while (and dir (not found))
+      (if (member (file-name-nondirectory dir) '("site-packages" "dist-packages"))
+          (setq found dir)
+        (let ((parent (directory-file-name (file-name-directory dir))))
+          (setq dir (and (not (equal parent dir)) parent)))))
+    found))
+
+(defun opencortex--parent (directory levels)
+  "The directory LEVELS levels above DIRECTORY."
+  (let ((dir (directory-file-name (expand-file-name directory))))
+    (dotimes (_ levels)
+      (setq dir (directory-file-name (file-name-directory dir))))
+    dir))
+
+(defun opencortex--bundled-programs (directory)
+  "Where the opencortex program that belongs with the elisp in DIRECTORY would be.
+A source checkout keeps the elisp in <checkout>/elisp and its virtual
+environment in <checkout>/.venv; an installed wheel keeps the elisp
+under <prefix>/lib/pythonX.Y/site-packages and the program in
+<prefix>/bin."
+  (let ((site (opencortex--site-packages directory)))
+    (cons (expand-file-name ".venv/bin/opencortex" (opencortex--parent directory 1))
+          (and site (list (expand-file-name "bin/opencortex" (opencortex--parent site 3)))))))
+
+(defun opencortex--find-program (&optional directory)
+  "Return the command for the opencortex found for the elisp in DIRECTORY.
+DIRECTORY defaults to where these files were loaded from; see the variable
+`opencortex-program' for the order of the search."
+  (let ((bundled (cl-find-if (lambda (file) (and (file-executable-p file)
+                                                 (not (file-directory-p file))))
+                             (opencortex--bundled-programs
+                              (or directory opencortex--elisp-directory))))
+        (on-path (executable-find "opencortex")))
+    (cond (bundled (list bundled))
+          (on-path (list on-path))
+          (t (list "python3" "-m" "opencortex")))))
+
+(defun opencortex--program-command ()
+  "Return the command for opencortex that `opencortex-program' names."
+  (pcase opencortex-program
+    ('nil (opencortex--find-program))
+    ((pred stringp) (list opencortex-program))
+    ((and (pred consp) (guard (cl-every #'stringp opencortex-program))) opencortex-program)
+    (_ (user-error "`opencortex-program' must be nil, a file name or a list of strings"))))
+
 (defun opencortex--kernel-command ()
-  "The command line that starts the kernel."
-  (append opencortex-python-command '("serve") opencortex-kernel-arguments))
+  "Return the command line to start the kernel with."
+  (append (opencortex--program-command) '("serve") opencortex-kernel-arguments))
 
 (defun opencortex--stderr-tail (conn)
   "The last lines the kernel of CONN wrote to stderr (logs, never messages)."
@@ -214,7 +280,7 @@ the better news, so wait a little for it before speaking."
           (t (run-at-time 0.5 nil #'opencortex--lost conn "it closed the connection")))))
 
 (defun opencortex--ready (conn)
-  "CONN is authenticated: send the calls that waited for it."
+  "Mark CONN ready, then send what waited for it to authenticate."
   (opencortex--set-state conn 'ready)
   (let ((waiting (reverse (opencortex--connection-waiting conn))))
     (setf (opencortex--connection-waiting conn) nil)
@@ -287,7 +353,7 @@ buffer).  Without a kernel one is started, except for the methods in
 ;;;; Death, stopping, restarting
 
 (defun opencortex--release (conn)
-  "Close everything CONN holds: timer, EPC connection, processes, buffers."
+  "Close what CONN has open: timer, EPC connection, processes, buffers."
   (when (timerp (opencortex--connection-timer conn))
     (cancel-timer (opencortex--connection-timer conn)))
   (let ((manager (opencortex--connection-manager conn)))
@@ -305,7 +371,7 @@ buffer).  Without a kernel one is started, except for the methods in
       (kill-buffer stderr))))
 
 (defun opencortex--fail-waiting (conn message)
-  "Tell the calls waiting on CONN that it failed with MESSAGE."
+  "Report MESSAGE, the failure of CONN, to each call waiting on it."
   (let ((waiting (reverse (opencortex--connection-waiting conn))))
     (setf (opencortex--connection-waiting conn) nil)
     (clrhash (opencortex--connection-pending conn))
@@ -332,17 +398,20 @@ buffer).  Without a kernel one is started, except for the methods in
                    (if (> turns 0) " The reply in progress was lost and removed." "")
                    (if stderr (format "\nIts last log lines:\n%s" stderr) "")
                    "\n"
-                   (opencortex--after-loss state started))))))))
+                   (opencortex--after-loss state started
+                                           (opencortex--connection-command conn)))))))))
 
-(defun opencortex--after-loss (state started)
+(defun opencortex--after-loss (state started command)
   "Decide what follows the loss of a kernel that was in STATE; say it in words.
-STARTED is the process when Emacs started that kernel.  A kernel that was
-ready and that Emacs started is restarted from a timer: without asking
-`opencortex-auto-restart-limit' times, then after `y-or-n-p'."
+STARTED is the process when Emacs started that kernel, COMMAND the
+command Emacs ran to start it (nil for a kernel connected through its
+file).  A kernel that was ready and that Emacs started is restarted from
+a timer: without asking `opencortex-auto-restart-limit' times, then
+after `y-or-n-p'."
   (cond
-   ((and (not (eq state 'ready)) started)
-    (format "Check `opencortex-python-command' (now %S) and run `opencortex doctor' in a shell, then M-x opencortex-restart."
-            (opencortex--kernel-command)))
+   ((and (not (eq state 'ready)) command)
+    (format "The command was %S.  If that is not the opencortex you installed, set `opencortex-program' to it; `opencortex doctor' in a shell says what is missing.  Then M-x opencortex-restart."
+            command))
    ((not (eq state 'ready))
     "Check that the kernel runs and its connection file is current, then M-x opencortex-connect (or M-x opencortex-chat to let Emacs start one).")
    ((not started)

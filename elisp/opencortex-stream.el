@@ -1,6 +1,7 @@
 ;;; opencortex-stream.el --- Turns and streamed replies in the chat buffer  -*- lexical-binding: t; -*-
 
-;; This file is part of opencortex.  License: GPL-3.0-or-later.
+;; This file is part of opencortex.
+;; SPDX-License-Identifier: GPL-3.0-or-later
 
 ;;; Commentary:
 
@@ -107,7 +108,7 @@
          (setf (opencortex--stream-start stream) (point-marker)
                (opencortex--stream-end stream) (point-marker)))
        (let ((beg (point)))
-         (insert (opencortex--read-only text))
+         (insert (opencortex--read-only (opencortex--visible text)))
          (set-marker (opencortex--stream-end stream) (point))
          (setq opencortex--last-output-kind 'stream)
          (cl-incf opencortex--stream-updates)
@@ -152,7 +153,7 @@ Return the region's start position when it was live, else nil."
     start))
 
 (defun opencortex--on-chunk (turn-id text)
-  "Queue streamed TEXT of TURN-ID."
+  "Queue, for the turn TURN-ID, the streamed TEXT."
   (opencortex--turn-started turn-id)
   (let ((stream (or (gethash turn-id opencortex--streams)
                     (puthash turn-id (opencortex--make-stream turn-id)
@@ -169,7 +170,7 @@ Return the region's start position when it was live, else nil."
          (lambda ()
            (let ((start (opencortex--stream-start stream)))
              (goto-char start)
-             (insert (opencortex--read-only text))
+             (insert (opencortex--read-only (opencortex--visible text)))
              (delete-region (point) (opencortex--stream-end stream))
              (unless (string-empty-p text)
                (setq opencortex--last-output-kind 'stream)
@@ -188,10 +189,10 @@ Return the region's start position when it was live, else nil."
   (opencortex--finish-turn turn-id))
 
 (defun opencortex--handle-stream (turn-id kind text)
-  "Method `opencortex-stream': TEXT of TURN-ID.
-KIND \"chunk\" appends streamed text, \"reset\" removes what was streamed
-(a rejected reply; a retry follows), \"end\" replaces it with the final
-TEXT, \"abort\" removes it and shows TEXT as an error."
+  "Method `opencortex-stream': an event of the turn TURN-ID.
+KIND \"chunk\" appends the streamed TEXT, \"reset\" removes what was
+streamed (a rejected reply; a retry follows), \"end\" replaces it with
+the final TEXT, \"abort\" removes it and shows TEXT as an error."
   (opencortex--check-string turn-id "turn-id")
   (opencortex--check-string text "text")
   (let ((kind (if (symbolp kind) (symbol-name kind) kind)))
@@ -201,7 +202,7 @@ TEXT, \"abort\" removes it and shows TEXT as an error."
         ("reset" (opencortex--close-stream turn-id t))
         ("end" (opencortex--on-end turn-id text))
         ("abort" (opencortex--on-abort turn-id text))
-        (_ (error "opencortex-stream: unknown kind %S" kind)))))
+        (_ (error "Unknown kind of stream event: %S" kind)))))
   t)
 
 (defun opencortex--handle-status-changed (status)

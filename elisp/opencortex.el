@@ -1,15 +1,44 @@
-;;; opencortex.el --- Chat with the opencortex kernel from Emacs  -*- lexical-binding: t; coding: utf-8 -*-
+;;; opencortex.el --- Chat with LLM-driven skills through the opencortex kernel  -*- lexical-binding: t; coding: utf-8 -*-
 
+;; Copyright (C) 2026 The opencortex maintainers
+
+;; Author: The opencortex maintainers <maintainers@users.noreply.a-seed-ac41129b.example>
+;; Maintainer: The opencortex maintainers <maintainers@users.noreply.a-seed-ac41129b.example>
 ;; Version: 0.1.0
-;; Package-Requires: ((emacs "27.1") (epc "0.1.1"))
+;; Package-Requires: ((emacs "28.1") (epc "0.1.1"))
 ;; Keywords: tools, convenience
-;; License: GPL-3.0-or-later
+;; URL: https://github.com/opencortex/opencortex
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;; This file is not part of GNU Emacs.
+
+;; This program is free software; you can redistribute it and/or modify
+;; it under the terms of the GNU General Public License as published by
+;; the Free Software Foundation, either version 3 of the License, or
+;; (at your option) any later version.
+
+;; This program is distributed in the hope that it will be useful,
+;; but WITHOUT ANY WARRANTY; without even the implied warranty of
+;; MERCHANTABILITY or FITNESS FOR A PARTICULAR PURPOSE.  See the
+;; GNU General Public License for more details.
+
+;; You should have received a copy of the GNU General Public License
+;; along with this program.  If not, see <https://www.gnu.org/licenses/>.
 
 ;;; Commentary:
 
 ;; M-x opencortex-chat starts the opencortex kernel (`opencortex serve'),
 ;; connects to it over EPC and opens the *opencortex-chat* buffer.  Type below
 ;; the prompt and press C-c RET; the reply streams in as an org subtree.
+;; C-h m in that buffer lists its commands.
+;;
+;; Emacs finds the kernel by itself: the opencortex of the Python
+;; installation these files came with (a source checkout's .venv, or the
+;; installation of the wheel that ships them), else `opencortex' on
+;; `exec-path', else "python3 -m opencortex".  Set `opencortex-program'
+;; when it should run another one.  M-x opencortex-connect reaches a
+;; kernel started on its own (`opencortex serve') through its connection
+;; file instead.
 ;;
 ;; Files: opencortex-connection.el (the kernel process and the EPC
 ;; connection), opencortex-chat.el (the buffer, output, header line),
@@ -33,11 +62,15 @@
   "Connection file of a kernel started on its own, read by `opencortex-connect'.
 nil means $XDG_RUNTIME_DIR/opencortex/kernel.json, or
 /tmp/opencortex-UID/kernel.json without XDG_RUNTIME_DIR."
-  :type '(choice (const :tag "Default" nil) file))
+  :type '(choice (const :tag "Default" nil) file)
+  :group 'opencortex)
 
 (defcustom opencortex-wait-timeout 30
-  "Default bound in seconds of `opencortex-wait-idle' and `opencortex-wait-for'."
-  :type 'number)
+  "Default bound in seconds of `opencortex-wait-idle' and `opencortex-wait-for'.
+Commands that need the kernel's answer before they go on (the branches
+`opencortex-switch-branch' offers) wait at most this long too."
+  :type 'number
+  :group 'opencortex)
 
 ;;;; Connection files
 
@@ -67,7 +100,7 @@ nil means $XDG_RUNTIME_DIR/opencortex/kernel.json, or
 ;;;; Waiting (for tests and scripts)
 
 (defun opencortex--busy-p ()
-  "Whether anything is under way: starting, calls unanswered, turns, pending text."
+  "Return non-nil while anything is under way: a start, a request, a turn, text."
   (let ((conn opencortex--connection))
     (or (timerp opencortex--restart-timer)
         (and conn (memq (opencortex--connection-state conn) '(starting authenticating)))
@@ -75,7 +108,7 @@ nil means $XDG_RUNTIME_DIR/opencortex/kernel.json, or
         (opencortex--turns-busy-p))))
 
 (defun opencortex-wait-for (predicate &optional timeout)
-  "Process kernel output until PREDICATE returns non-nil; return its value.
+  "Process kernel output until PREDICATE gives non-nil; return that value.
 Give up after TIMEOUT seconds (default `opencortex-wait-timeout') and
 return nil."
   (let ((deadline (+ (float-time) (or timeout opencortex-wait-timeout)))
@@ -145,6 +178,23 @@ FILE defaults to `opencortex-connection-file' or the runtime directory."
   (opencortex-stop)
   (opencortex--start-kernel))
 
+(defun opencortex--slash-command (text &optional from-input)
+  "Run the slash command TEXT in the kernel; show it and its answer.
+With FROM-INPUT, TEXT came from the input area: it goes back there when
+the kernel could not take it."
+  (opencortex--request
+   'slash-command (list opencortex-chat-id text)
+   (lambda (reply)
+     (let ((answer (and (listp reply) (plist-get reply :text))))
+       (opencortex--output (format "* %s\n%s" (opencortex--inert-line text)
+                                   (opencortex--ensure-newline
+                                    (if (stringp answer) answer "")))
+                           nil 'slash))
+     (opencortex--refresh-status))
+   (lambda (message)
+     (opencortex--show-error (format "The command %s failed: %s" text message))
+     (when from-input (opencortex--restore-input text)))))
+
 (defun opencortex-send (&optional text)
   "Send TEXT, by default the input area, to the kernel.
 A text starting with / is a slash command; anything else a message."
@@ -155,17 +205,7 @@ A text starting with / is a slash command; anything else a message."
      ((string-empty-p text)
       (user-error "Nothing to send: type below the prompt, then C-c RET"))
      ((string-prefix-p "/" text)
-      (opencortex--request
-       'slash-command (list opencortex-chat-id text)
-       (lambda (reply)
-         (opencortex--output (format "* %s\n%s" text
-                                     (opencortex--ensure-newline
-                                      (or (plist-get reply :text) "")))
-                             nil 'slash)
-         (opencortex--refresh-status))
-       (lambda (message)
-         (opencortex--show-error (format "The command %s failed: %s" text message))
-         (when from-input (opencortex--restore-input text)))))
+      (opencortex--slash-command text from-input))
      (t
       (opencortex--output (format "* You\n%s\n" text) nil 'you)
       (opencortex--request
@@ -210,6 +250,170 @@ A text starting with / is a slash command; anything else a message."
        (if (and (stringp file) (not (string-empty-p file)))
            (find-file file)
          (message "opencortex: the kernel named no memory file"))))))
+
+;;;; Branches
+
+(defun opencortex--request-sync (method args)
+  "Call METHOD with ARGS in the kernel, wait for the answer and return it.
+Only for commands that need the answer before they can go on, such as
+a list to complete from.  The wait is bounded by
+`opencortex-wait-timeout'; \\[keyboard-quit] ends it sooner."
+  (let (done value failure)
+    (opencortex--request method args
+                         (lambda (result) (setq value result done t))
+                         (lambda (message) (setq failure message done t)))
+    (unless (opencortex-wait-for (lambda () done))
+      (user-error "The kernel did not answer %s within %s s" method opencortex-wait-timeout))
+    (when failure
+      (user-error "The kernel could not do %s: %s" method (opencortex--visible failure)))
+    value))
+
+(defun opencortex--positive-integer (value what)
+  "VALUE when it is a positive integer, else a `user-error' naming WHAT."
+  (unless (and (integerp value) (> value 0))
+    (user-error "%s must be a positive whole number, not %S" what value))
+  value)
+
+(defun opencortex-fork (&optional turn)
+  "Start a new branch of this chat from the latest turn, or from TURN.
+With a prefix argument, ask for TURN.  The kernel names the branch and
+moves the chat onto it; the branch it left keeps its turns.  This runs
+the slash command /fork."
+  (interactive (list (and current-prefix-arg (read-number "Fork from turn: "))))
+  (opencortex--slash-command
+   (if turn (format "/fork %d" (opencortex--positive-integer turn "The turn")) "/fork")))
+
+(defun opencortex-rewind (turn)
+  "Go back to TURN of the current branch.
+The later turns are kept on a branch of their own.  Interactively, ask
+for TURN.  This runs the slash command /rewind TURN."
+  (interactive (list (read-number "Rewind to turn: "
+                                  (let ((turn (plist-get opencortex--status :turn)))
+                                    (and (integerp turn) (> turn 1) (1- turn))))))
+  (opencortex--slash-command
+   (format "/rewind %d" (opencortex--positive-integer turn "The turn"))))
+
+(defun opencortex--branch-names (branches)
+  "The names in BRANCHES, the answer of the kernel's `branches', current first."
+  (let ((names (delq nil (mapcar (lambda (branch)
+                                   (let ((name (plist-get branch :name)))
+                                     (and (stringp name) name)))
+                                 branches))))
+    (append (cl-remove-if-not (lambda (name) (opencortex--branch-current-p branches name)) names)
+            (cl-remove-if (lambda (name) (opencortex--branch-current-p branches name)) names))))
+
+(defun opencortex--branch-current-p (branches name)
+  "Whether the branch NAME is the current one in BRANCHES."
+  (cl-some (lambda (branch) (and (equal (plist-get branch :name) name)
+                                 (plist-get branch :current)))
+           branches))
+
+(defvar opencortex--branch-history nil
+  "Branch names given to `opencortex-switch-branch'.")
+
+(defun opencortex--read-branch (branches)
+  "Ask for the name of a branch among BRANCHES (a list of plists).
+Each plist has :name, :head_turn, :turns and :current; the completion
+list shows the last three."
+  (let* ((names (opencortex--branch-names branches))
+         (others (cl-remove-if (lambda (name) (opencortex--branch-current-p branches name))
+                               names))
+         (completion-extra-properties
+          (list :annotation-function
+                (lambda (name)
+                  (let ((branch (cl-find name branches
+                                         :key (lambda (b) (plist-get b :name)) :test #'equal)))
+                    (format "  %s turns, head at turn %s%s"
+                            (plist-get branch :turns) (plist-get branch :head_turn)
+                            (if (plist-get branch :current) " (current)" "")))))))
+    (unless others
+      (user-error "This chat has no other branch (%s); M-x opencortex-fork makes one"
+                  (or (car names) "none yet")))
+    (completing-read (format-prompt "Switch to branch" (car others))
+                     names nil t nil 'opencortex--branch-history (car others))))
+
+(defun opencortex-switch-branch (name)
+  "Move this chat to the branch NAME.
+Interactively, ask for NAME with completion over the kernel's branches.
+This runs the slash command /switch NAME."
+  (interactive (list (opencortex--read-branch
+                      (opencortex--request-sync 'branches (list opencortex-chat-id)))))
+  (when (or (not (stringp name)) (string-empty-p name)
+            (string-match-p "[[:space:][:cntrl:]]" name))
+    (user-error "No such branch name: %S" name))
+  (opencortex--slash-command (concat "/switch " name)))
+
+;;;; Backend and model
+
+(defconst opencortex--backends '("auto" "echo" "script" "anthropic" "openai")
+  "The backends `opencortex serve --backend' accepts.")
+
+(defun opencortex--with-kernel-option (arguments option value)
+  "ARGUMENTS with OPTION set to VALUE, or left out when VALUE is nil.
+Both \"OPTION VALUE\" and \"OPTION=VALUE\" forms are replaced."
+  (let ((rest arguments) kept)
+    (while rest
+      (cond ((equal (car rest) option) (setq rest (cddr rest)))
+            ((string-prefix-p (concat option "=") (car rest)) (setq rest (cdr rest)))
+            (t (push (pop rest) kept))))
+    (append (nreverse kept) (and value (list option value)))))
+
+(defun opencortex--kernel-option (option)
+  "The value of OPTION in `opencortex-kernel-arguments', or nil."
+  (let ((rest opencortex-kernel-arguments) value)
+    (while rest
+      (cond ((equal (car rest) option) (setq value (cadr rest) rest (cddr rest)))
+            ((string-prefix-p (concat option "=") (car rest))
+             (setq value (substring (car rest) (1+ (length option))) rest (cdr rest)))
+            (t (setq rest (cdr rest)))))
+    value))
+
+(defun opencortex--apply-kernel-option (option value)
+  "Set OPTION to VALUE in `opencortex-kernel-arguments'; say when it will apply.
+A running kernel that Emacs started is restarted, after asking; a kernel
+Emacs connected to through its file keeps its own settings."
+  (setq opencortex-kernel-arguments
+        (opencortex--with-kernel-option opencortex-kernel-arguments option value))
+  (let* ((conn opencortex--connection)
+         (what (if value (format "%s %s" option value) (format "no %s" option))))
+    (cond ((not (opencortex--live-p conn))
+           (message "opencortex: the next kernel starts with %s" what))
+          ((not (opencortex--connection-process conn))
+           (message "opencortex: the kernel you connected to keeps its own settings; %s applies to a kernel Emacs starts"
+                    what))
+          ((y-or-n-p (format "Restart the kernel now with %s? " what))
+           (opencortex-restart))
+          (t (message "opencortex: %s applies from the next start (M-x opencortex-restart)"
+                      what)))))
+
+(defun opencortex-set-backend (backend)
+  "Make the kernel answer with BACKEND, one of `opencortex--backends'.
+This sets \"--backend\" in `opencortex-kernel-arguments' for this
+session (customize that variable to keep it).  When Emacs started the
+running kernel, it asks whether to restart it now; a kernel connected
+to through its connection file is left alone."
+  (interactive (list (completing-read
+                      (format-prompt "Backend" (opencortex--kernel-option "--backend"))
+                      opencortex--backends nil t nil nil
+                      (opencortex--kernel-option "--backend"))))
+  (unless (member backend opencortex--backends)
+    (user-error "Unknown backend %S; one of %s" backend
+                (mapconcat #'identity opencortex--backends ", ")))
+  (opencortex--apply-kernel-option "--backend" backend))
+
+(defun opencortex-set-model (model)
+  "Make every turn use MODEL, or with an empty MODEL the configured ones.
+This sets \"--model\" in `opencortex-kernel-arguments' for this session
+\(customize that variable to keep it).  When Emacs started the running
+kernel, it asks whether to restart it now; a kernel connected to
+through its connection file is left alone."
+  (interactive (list (let ((now (opencortex--kernel-option "--model")))
+                       (read-string (format "Model (%sempty: the configured ones): "
+                                            (if now (format "now %s; " now) ""))))))
+  (let ((model (string-trim model)))
+    (when (string-match-p "[[:space:][:cntrl:]]" model)
+      (user-error "A model name has no spaces: %S" model))
+    (opencortex--apply-kernel-option "--model" (and (not (string-empty-p model)) model))))
 
 (provide 'opencortex)
 ;;; opencortex.el ends here
