@@ -1,0 +1,94 @@
+"""The bridge contract: what a platform module implements, and what it may raise.
+
+A platform module (telegram.py, matrix.py, signal.py) speaks its platform's
+protocol and nothing else: it fetches messages as `Inbound` (or a person's
+`Decision` on an approval), sends text it is given, shows typing, and shows
+approval controls.  Every policy — who may talk, flood control, splitting,
+formatting, pacing, approvals, durability, privacy — lives in the shared
+bridge modules (`access`, `outbound`, `render`, `approvals`, `inbox`,
+`service`), tested once for all platforms.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+from opencortex.bridges.inbound import Inbound
+
+
+class BridgeError(Exception):
+    """The platform failed (bad token, network down, protocol error); the message says
+    what to do and never holds a token or message content.  The bridge reports it and
+    retries with backoff; `fatal` errors (a token the platform rejects) wait longer."""
+
+    def __init__(self, message: str, *, fatal: bool = False):
+        super().__init__(message)
+        self.fatal = fatal
+
+
+class FormattingRejected(Exception):
+    """The platform refused the formatted text; the bridge sends it plain instead."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A person's answer to an approval, from a button or a reaction."""
+
+    position: int
+    chat_id: str
+    sender_id: str
+    approval_id: str
+    digest: str
+    approve: bool
+    token: Any = None   # what the platform needs to acknowledge the click
+
+
+class Platform(abc.ABC):
+    """One chat platform, as the bridge sees it."""
+
+    channel: str = ""          # the kernel channel: "telegram", "matrix", "signal"
+    text_limit: int = 4000     # characters per message (before formatting)
+    per_chat: float = 1.0      # seconds between messages in one chat
+    per_second: float = 25.0   # messages per second overall
+
+    @abc.abstractmethod
+    async def start(self) -> str:
+        """Connect and check credentials; the bot's own name.  BridgeError if it cannot."""
+
+    @abc.abstractmethod
+    async def fetch(self) -> list[Inbound | Decision]:
+        """The next messages and decisions, waiting at most the platform's poll time."""
+
+    @abc.abstractmethod
+    async def acknowledge(self) -> None:
+        """Everything fetched so far is safely kept (in the bridge's inbox): the platform
+        may forget it (Telegram: the next getUpdates asks from after it)."""
+
+    async def register_commands(self, commands: list[tuple[str, str]]) -> None:
+        """Offer the kernel's slash commands in the platform's menu (default: nothing)."""
+
+    @abc.abstractmethod
+    async def send(self, chat_id: str, html: str, plain: str) -> None:
+        """Send one message (HTML, or PLAIN if the platform has no formatting).
+        Raises FormattingRejected, `outbound.RetryAfter` or BridgeError."""
+
+    @abc.abstractmethod
+    async def typing(self, chat_id: str) -> None:
+        """Show that a reply is being written (the bridge repeats it while the turn runs)."""
+
+    @abc.abstractmethod
+    async def show_approval(self, chat_id: str, text: str, approval_id: str,
+                            digest: str) -> Any:
+        """Show TEXT with Approve/Deny controls bound to APPROVAL_ID and DIGEST; a handle."""
+
+    @abc.abstractmethod
+    async def settle_approval(self, chat_id: str, handle: Any, outcome: str) -> None:
+        """Replace the controls of a shown approval by its OUTCOME."""
+
+    async def answer_decision(self, decision: Decision, text: str) -> None:
+        """Tell the person who clicked what became of it (default: nothing)."""
+
+    async def stop(self) -> None:
+        """Release connections."""

@@ -1,0 +1,29 @@
+"""What a platform hands the bridge: one incoming message, in platform-neutral terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["text", "media", "edit", "deletion", "other"]
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One message as the platform delivered it.
+
+    `position` is the platform's delivery position (a Telegram update id, a
+    Matrix sync batch): the bridge acknowledges it only once the message is
+    handled.  `message_id` identifies the message within its chat, so a
+    redelivered message is recognised.  `text` is the message text or a
+    media caption ("" when there is none)."""
+
+    position: int
+    chat_id: str
+    sender_id: str
+    message_id: str
+    text: str = ""
+    kind: Kind = "text"
+    is_group: bool = False
+    addressed_to_bot: bool = False   # in a group: it mentions the bot or replies to it
+    sender_name: str = ""            # for display only; never used for access

@@ -1,0 +1,300 @@
+"""One bridge at work: platform messages in, the kernel's turns, replies out.
+
+`Bridge.run` fetches from its `Platform`, keeps each message in the durable
+`Inbox` before acknowledging it, and hands it to a worker per chat (turns of
+one chat in order, chats in parallel).  For each message, in order:
+
+1. the `Gate` decides (strangers, groups, flood) before anything else sees it;
+2. a reply "approve"/"deny" to an open approval of the sender settles it;
+3. media without a caption gets "text only"; edits and deletions are ignored;
+4. `/start` (and `/cmd@bot` in groups) become the kernel's commands;
+5. a message whose platform id is already in the archive is not answered twice;
+6. otherwise it becomes a chat event for the kernel's normal turn, with the
+   typing indicator kept alive; the reply comes back through `BridgeActuator`,
+   pinned to this chat by the kernel.
+
+The message is marked done in the inbox once its turn ended (archived, or
+failed with the person told why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from opencortex.actuation import PLATFORM_ID
+from opencortex.actuators import ActuatorError, MessageActuator
+from opencortex.bridges.access import Gate, flood_notice
+from opencortex.bridges.approvals import BridgeApprover, parse_answer
+from opencortex.bridges.contract import BridgeError, Decision, FormattingRejected, Platform
+from opencortex.bridges.inbound import Inbound
+from opencortex.bridges.inbox import Inbox
+from opencortex.bridges.outbound import Pacer, RetryAfter, split_text, with_retry_after
+from opencortex.bridges.render import plain, to_html
+from opencortex.bridges.settings import BridgeSettings
+from opencortex.conversation.commands import USAGE
+from opencortex.events import EventError, Thread, chat_message
+from opencortex.kernel import Kernel
+
+log = logging.getLogger(__name__)
+
+FRONTEND_ONLY = ("quit",)   # commands that mean nothing in a chat app
+UNARCHIVED = ("This chat is not archived: the kernel keeps it in working memory only, "
+              "and forgets it when it restarts.")
+TEXT_ONLY = "I can read text only; send your message as text (a caption works too)."
+TYPING_EVERY = 4.0      # seconds; platforms drop the indicator after about 5
+BACKOFF_MAX = 60.0      # seconds between attempts to reach a failing platform
+STOP_GRACE = 10.0       # seconds turns in flight may take to finish on stop
+
+
+def command_menu() -> list[tuple[str, str]]:
+    """The kernel's slash commands as (name, description) for a platform's menu."""
+    return [(name, usage.partition("—")[2].strip() or name) for name, usage in USAGE.items()
+            if name not in FRONTEND_ONLY]
+
+
+class BridgeActuator(MessageActuator):
+    """Says text in a bridge chat: split, formatted (plain if refused), paced, retried."""
+
+    def __init__(self, platform: Platform):
+        self.platform = platform
+        self.targets = (platform.channel,)
+        self.pacer = Pacer(platform.per_chat, platform.per_second)
+
+    async def deliver(self, address: str, text: str) -> None:
+        for piece in split_text(text, self.platform.text_limit):
+            await self.pacer.wait(address)
+            try:
+                await self._send(address, piece)
+            except (BridgeError, RetryAfter) as error:
+                raise ActuatorError(f"{self.platform.channel} did not take the message: "
+                                    f"{error}") from None
+
+    async def _send(self, chat_id: str, piece: str) -> None:
+        async def formatted() -> None:
+            await self.platform.send(chat_id, to_html(piece), plain(piece))
+
+        async def unformatted() -> None:
+            await self.platform.send(chat_id, "", plain(piece))
+        try:
+            await with_retry_after(formatted)
+        except FormattingRejected:
+            log.info("%s refused the formatting; sent as plain text", self.platform.channel)
+            await with_retry_after(unformatted)
+
+
+class Bridge:
+    """Runs one platform against the kernel until stopped."""
+
+    def __init__(self, platform: Platform, settings: BridgeSettings, kernel: Kernel,
+                 inbox: Inbox, approval_timeout: float):
+        self.platform = platform
+        self.settings = settings
+        self.kernel = kernel
+        self.inbox = inbox
+        self.gate = Gate(settings)
+        self.actuator = BridgeActuator(platform)
+        self.approver = BridgeApprover(platform, settings.approvers,
+                                       settings.approval_timeout or approval_timeout)
+        self.status: dict[str, Any] = {"state": "starting", "errors": 0, "last_error": ""}
+        self._chats: dict[str, asyncio.Queue[Inbound]] = {}
+        self._workers: set[asyncio.Task[None]] = set()
+        self.bot_name = ""
+        kernel.actuators.register(self.actuator)
+        kernel.approvers[platform.channel] = self.approver
+        kernel.reporters[platform.channel] = self.report
+
+    @property
+    def channel(self) -> str:
+        return self.platform.channel
+
+    def report(self) -> str:
+        """One line for /metrics: state, failures, strangers and drops (counts only)."""
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.gate.counts.items())) or "no traffic"
+        line = f"{self.status['state']}; {self.status['errors']} failures; {counts}"
+        if self.status["last_error"]:
+            line += f"; last error: {self.status['last_error']}"
+        return line
+
+    # -- the loop -------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and dispatch until STOP is set; platform failures are retried with backoff."""
+        delay = 1.0
+        while not stop.is_set():
+            try:
+                if not self.bot_name:
+                    self.bot_name = await self.platform.start()
+                    await self.platform.register_commands(command_menu())
+                    log.info("%s bridge connected", self.channel)
+                    for message in self.inbox.pending():
+                        self._dispatch(message)
+                await self._fetch_once(stop)
+                self.status["state"], delay = "running", 1.0
+            except BridgeError as error:
+                self._report(error)
+                wait = BACKOFF_MAX if error.fatal else delay
+                delay = min(BACKOFF_MAX, delay * 2)
+                await self._sleep(stop, wait * random.uniform(0.8, 1.2))
+        await self._drain()
+
+    async def _fetch_once(self, stop: asyncio.Event) -> None:
+        fetch = asyncio.ensure_future(self.platform.fetch())
+        stopped = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if fetch not in done:
+            fetch.cancel()
+            return
+        items = fetch.result()
+        fresh = self.inbox.add([item for item in items if isinstance(item, Inbound)])
+        await self.platform.acknowledge()
+        for message in fresh:
+            if self._settles_approval(message):
+                self.inbox.done(message.position)
+            else:
+                self._dispatch(message)
+        for item in items:
+            if isinstance(item, Decision):
+                await self._decision(item)
+
+    def _report(self, error: BridgeError) -> None:
+        self.status.update(state="retrying", last_error=str(error))
+        self.status["errors"] += 1
+        log.warning("%s bridge: %s; retrying", self.channel, error)
+
+    @staticmethod
+    async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(stop.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _drain(self) -> None:
+        """Let turns in flight finish (bounded), then release the platform."""
+        if self._workers:
+            _, late = await asyncio.wait(self._workers, timeout=STOP_GRACE)
+            for task in late:
+                task.cancel()
+        await self.platform.stop()
+        self.inbox.close()
+
+    def _settles_approval(self, message: Inbound) -> bool:
+        """Settle an open approval when MESSAGE answers it ("approve", "deny", …).
+
+        Decided here, as it arrives: queued behind the turn that waits for this very
+        answer, it would only be read after the approval expired."""
+        answer = parse_answer(message.text) if message.kind == "text" else None
+        approval = self.approver.open_in(message.chat_id, message.sender_id) \
+            if answer is not None else None
+        if approval is None or self.gate.decide(message).decision != "allow":
+            return False
+        said = self.approver.decide(approval, self.approver.digest_of(approval),
+                                    message.sender_id, bool(answer))
+        task = asyncio.create_task(self._say(message.chat_id, said))
+        self._workers.add(task)
+        task.add_done_callback(self._workers.discard)
+        return True
+
+    # -- per chat -------------------------------------------------------------
+
+    def _dispatch(self, message: Inbound) -> None:
+        """Queue MESSAGE behind earlier ones of its chat; start the chat's worker if idle."""
+        queue = self._chats.get(message.chat_id)
+        if queue is None:
+            queue = self._chats[message.chat_id] = asyncio.Queue()
+            task = asyncio.create_task(self._work(message.chat_id, queue))
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+        queue.put_nowait(message)
+
+    async def _work(self, chat_id: str, queue: asyncio.Queue[Inbound]) -> None:
+        try:
+            while not queue.empty():
+                message = queue.get_nowait()
+                try:
+                    await self._handle(message)
+                except Exception as error:   # one message must not stop its chat
+                    log.error("%s bridge: a message failed: %s", self.channel,
+                              type(error).__name__)
+                self.inbox.done(message.position)
+        finally:
+            self._chats.pop(chat_id, None)
+
+    async def _handle(self, message: Inbound) -> None:
+        verdict = self.gate.decide(message)
+        if verdict.decision == "refuse":
+            await self._say(message.chat_id, self.settings.refusal_text)
+        elif verdict.decision == "flood-notice":
+            await self._say(message.chat_id, flood_notice(self.settings))
+        if verdict.decision != "allow":
+            return
+        if message.kind in ("edit", "deletion", "other"):
+            log.info("%s bridge: %s of an earlier message ignored", self.channel, message.kind)
+            return
+        if not message.text.strip():
+            await self._say(message.chat_id, TEXT_ONLY)
+            return
+        await self._turn(message)
+
+    async def _turn(self, message: Inbound) -> None:
+        try:
+            event = chat_message(self._command_text(message.text), self.channel,
+                                 message.chat_id, message.sender_id)
+        except EventError:
+            await self._say(message.chat_id, "I could not read that message; send it again.")
+            return
+        event = event.model_copy(update={"message_id": message.message_id})
+        if await self._already_answered(event.thread, message.message_id):
+            log.info("%s bridge: a redelivered message was already answered", self.channel)
+            return
+        typing = asyncio.create_task(self._keep_typing(message.chat_id))
+        try:
+            await self.kernel.handle(event)
+        finally:
+            typing.cancel()
+        if event.text.split()[0] == "/help" and not self.settings.archive:
+            await self._say(message.chat_id, UNARCHIVED)
+
+    def _command_text(self, text: str) -> str:
+        """`/start` means /help; `/cmd@thisbot args` means `/cmd args`."""
+        words = text.strip().split(maxsplit=1)
+        if not words or not words[0].startswith("/"):
+            return text
+        command, _, bot = words[0].partition("@")
+        if bot and self.bot_name and bot.lower() != self.bot_name.lower():
+            return text
+        command = "/help" if command.lower() == "/start" else command
+        return " ".join([command, *words[1:]])
+
+    async def _already_answered(self, thread: Thread, message_id: str) -> bool:
+        """Whether the archive holds MESSAGE_ID in THREAD (a redelivery after a crash)."""
+        store = self.kernel.conversations.store_for(thread)
+        records = await asyncio.to_thread(store.history, thread, 50)
+        return any(r.extra.get(PLATFORM_ID) == message_id for r in records if r.role == "user")
+
+    async def _keep_typing(self, chat_id: str) -> None:
+        while True:
+            try:
+                await self.platform.typing(chat_id)
+            except (BridgeError, RetryAfter):
+                pass
+            await asyncio.sleep(TYPING_EVERY)
+
+    async def _decision(self, decision: Decision) -> None:
+        said = self.approver.decide(decision.approval_id, decision.digest, decision.sender_id,
+                                    decision.approve)
+        try:
+            await self.platform.answer_decision(decision, said)
+        except (BridgeError, RetryAfter) as error:
+            log.info("%s bridge: a decision was not acknowledged: %s", self.channel, error)
+
+    async def _say(self, chat_id: str, text: str) -> None:
+        """A short notice from the bridge itself (never raises)."""
+        try:
+            await self.actuator.deliver(chat_id, text)
+        except ActuatorError as error:
+            log.info("%s bridge: a notice was not sent: %s", self.channel, error)

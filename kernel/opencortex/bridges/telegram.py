@@ -1,0 +1,205 @@
+"""Telegram through python-telegram-bot's `Bot` (the Bot API): the platform protocol only.
+
+Long polling with `getUpdates`: the offset moves past a batch only after the
+bridge has kept it (`acknowledge`), so nothing fetched is lost in a crash.  A
+webhook left set on the bot would make every `getUpdates` fail: it is reported
+and removed when polling starts (pending updates are kept).  Replies are sent
+as HTML (`parse_mode`), approvals carry an inline keyboard whose callback data
+binds the click to the approval and the action's digest, and every click is
+answered with `answerCallbackQuery`.
+
+The token is never logged and never part of an error: python-telegram-bot and
+httpx put it in request URLs, so their loggers are kept at WARNING and every
+error text is scrubbed of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import warnings
+from datetime import timedelta
+from typing import Any
+
+from opencortex.bridges.contract import BridgeError, Decision, FormattingRejected, Platform
+from opencortex.bridges.inbound import Inbound
+from opencortex.bridges.outbound import RetryAfter
+from opencortex.bridges.settings import TelegramSettings
+
+log = logging.getLogger(__name__)
+
+for _name in ("httpx", "httpcore", "telegram"):   # they log request URLs, token included
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+MEDIA = ("photo", "voice", "audio", "video", "video_note", "document", "sticker",
+         "animation", "location", "contact", "poll")
+UPDATES = ["message", "edited_message", "callback_query"]
+
+
+class TelegramPlatform(Platform):
+    """One bot on the Bot API."""
+
+    channel = "telegram"
+    text_limit = 4000     # the Bot API takes 4096 characters of text per message
+    per_chat = 1.0        # about one message a second in one chat
+    per_second = 25.0     # and at most 30 a second overall
+
+    def __init__(self, settings: TelegramSettings, token: str):
+        from telegram import Bot
+        from telegram.request import HTTPXRequest
+        self.settings = settings
+        self._token = token
+        self.bot = Bot(token, base_url=settings.base_url,
+                       request=HTTPXRequest(connection_pool_size=16),
+                       get_updates_request=HTTPXRequest(
+                           read_timeout=settings.poll_timeout + 10.0))
+        self.username = ""
+        self._fetched: int | None = None   # highest update id fetched
+        self._offset: int | None = None    # what getUpdates asks from
+
+    # -- errors -----------------------------------------------------------------
+
+    def _scrub(self, error: BaseException) -> str:
+        text = f"{type(error).__name__}: {error}"
+        return text.replace(self._token, "<token>") if self._token else text
+
+    def _failure(self, error: Exception, doing: str) -> Exception:
+        """The contract's exception for a python-telegram-bot error while DOING."""
+        from telegram import error as tg
+        if isinstance(error, tg.RetryAfter):
+            with warnings.catch_warnings():   # v22.2+: an int now, a timedelta later
+                warnings.simplefilter("ignore")
+                seconds = error.retry_after
+            return RetryAfter(seconds.total_seconds() if isinstance(seconds, timedelta)
+                              else float(seconds))
+        if isinstance(error, tg.BadRequest) and "parse entities" in str(error).lower():
+            return FormattingRejected(self._scrub(error))
+        if isinstance(error, tg.InvalidToken):
+            return BridgeError("Telegram rejected the bot token; check the variable named by "
+                               "[bridges.telegram] token_env", fatal=True)
+        if isinstance(error, tg.Conflict):
+            return BridgeError("another program is polling this bot, or a webhook is set "
+                               "(Telegram: Conflict); stop it, or remove the webhook")
+        return BridgeError(f"Telegram {doing} failed ({self._scrub(error)})")
+
+    async def _call(self, doing: str, coroutine: Any) -> Any:
+        from telegram.error import TelegramError
+        try:
+            return await coroutine
+        except TelegramError as error:
+            raise self._failure(error, doing) from None
+
+    # -- the contract -----------------------------------------------------------
+
+    async def start(self) -> str:
+        await self._call("getMe", self.bot.initialize())
+        self.username = self.bot.username or ""
+        info = await self._call("getWebhookInfo", self.bot.get_webhook_info())
+        if info.url:
+            log.warning("telegram: a webhook is set for this bot; long polling cannot run "
+                        "while it is, so it is removed (pending updates are kept)")
+            await self._call("deleteWebhook", self.bot.delete_webhook(drop_pending_updates=False))
+        return self.username
+
+    async def register_commands(self, commands: list[tuple[str, str]]) -> None:
+        from telegram import BotCommand
+        menu = [BotCommand(name, description[:256] or name) for name, description in commands
+                if name.isascii() and name.replace("_", "").isalnum() and len(name) <= 32]
+        await self._call("setMyCommands", self.bot.set_my_commands(menu[:100]))
+
+    async def fetch(self) -> list[Inbound | Decision]:
+        updates = await self._call("getUpdates", self.bot.get_updates(
+            offset=self._offset, timeout=self.settings.poll_timeout, allowed_updates=UPDATES))
+        items: list[Inbound | Decision] = []
+        for update in updates:
+            if self._fetched is None or update.update_id > self._fetched:
+                self._fetched = update.update_id
+            item = self._item(update)
+            if item is not None:
+                items.append(item)
+        return items
+
+    async def acknowledge(self) -> None:
+        if self._fetched is not None:
+            self._offset = self._fetched + 1
+
+    async def send(self, chat_id: str, html: str, plain: str) -> None:
+        from telegram import LinkPreviewOptions
+        options = {"link_preview_options": LinkPreviewOptions(is_disabled=True)}
+        if html:
+            await self._call("sendMessage", self.bot.send_message(
+                chat_id, html, parse_mode="HTML", **options))
+        else:
+            await self._call("sendMessage", self.bot.send_message(chat_id, plain, **options))
+
+    async def typing(self, chat_id: str) -> None:
+        await self._call("sendChatAction", self.bot.send_chat_action(chat_id, "typing"))
+
+    async def show_approval(self, chat_id: str, text: str, approval_id: str,
+                            digest: str) -> Any:
+        from telegram import InlineKeyboardButton, InlineKeyboardMarkup
+        keyboard = InlineKeyboardMarkup([[
+            InlineKeyboardButton("Approve", callback_data=f"a:{approval_id}:{digest}:y"),
+            InlineKeyboardButton("Deny", callback_data=f"a:{approval_id}:{digest}:n")]])
+        sent = await self._call("sendMessage", self.bot.send_message(
+            chat_id, text, reply_markup=keyboard))
+        return sent.message_id, text
+
+    async def settle_approval(self, chat_id: str, handle: Any, outcome: str) -> None:
+        message_id, text = handle
+        await self._call("editMessageText", self.bot.edit_message_text(
+            f"{text}\n\n{outcome}", chat_id=chat_id, message_id=message_id))
+
+    async def answer_decision(self, decision: Decision, text: str) -> None:
+        if decision.token:
+            await self._call("answerCallbackQuery", self.bot.answer_callback_query(
+                decision.token, text=text))
+
+    async def stop(self) -> None:
+        try:
+            await asyncio.wait_for(self.bot.shutdown(), 10)
+        except Exception as error:   # closing connections must not stop the kernel's exit
+            log.info("telegram: shutdown: %s", self._scrub(error))
+
+    # -- updates ----------------------------------------------------------------
+
+    def _item(self, update: Any) -> Inbound | Decision | None:
+        if update.callback_query is not None:
+            return self._decision(update)
+        message = update.message or update.edited_message
+        if message is None or message.chat is None or message.from_user is None:
+            return None
+        kind = "edit" if update.edited_message is not None else self._kind(message)
+        text = message.text or message.caption or ""
+        return Inbound(position=update.update_id, chat_id=str(message.chat.id),
+                       sender_id=str(message.from_user.id), message_id=str(message.message_id),
+                       text=text, kind=kind, is_group=message.chat.type in ("group", "supergroup"),
+                       addressed_to_bot=self._addressed(message, text),
+                       sender_name=message.from_user.full_name or "")
+
+    @staticmethod
+    def _kind(message: Any) -> str:
+        if message.text is not None:
+            return "text"
+        return "media" if any(getattr(message, name, None) for name in MEDIA) else "other"
+
+    def _addressed(self, message: Any, text: str) -> bool:
+        """In a group: does MESSAGE mention the bot or reply to one of its messages?"""
+        replied = message.reply_to_message
+        if replied is not None and replied.from_user is not None and \
+                replied.from_user.id == self.bot.id:
+            return True
+        mention = f"@{self.username}".lower()
+        return bool(self.username) and mention in text.lower()
+
+    def _decision(self, update: Any) -> Decision:
+        """Every click becomes a Decision (a malformed one names no approval), so every
+        click is answered."""
+        query = update.callback_query
+        parts = (query.data or "").split(":")
+        valid = len(parts) == 4 and parts[0] == "a" and parts[3] in ("y", "n")
+        chat = query.message.chat.id if query.message is not None else ""
+        return Decision(position=update.update_id, chat_id=str(chat),
+                        sender_id=str(query.from_user.id),
+                        approval_id=parts[1] if valid else "", digest=parts[2] if valid else "",
+                        approve=valid and parts[3] == "y", token=query.id)

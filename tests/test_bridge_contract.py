@@ -1,0 +1,212 @@
+"""The bridge contract, tested once for every platform: access, flood, splitting,
+formatting, approvals, the durable inbox."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from opencortex.approvals import ApprovalRequest, action_digest
+from opencortex.bridges.access import Gate
+from opencortex.bridges.approvals import BridgeApprover, parse_answer, short_digest
+from opencortex.bridges.inbound import Inbound
+from opencortex.bridges.inbox import Inbox
+from opencortex.bridges.outbound import Pacer, RetryAfter, split_text, with_retry_after
+from opencortex.bridges.render import to_html
+from opencortex.bridges.settings import BridgeSettings
+from opencortex.events import Thread
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def message(sender="1", chat=None, text="hi", position=1, **kw) -> Inbound:
+    return Inbound(position=position, chat_id=chat or sender, sender_id=sender,
+                   message_id=str(position), text=text, **kw)
+
+
+# -- access ---------------------------------------------------------------------
+
+def test_allowed_sender_passes_and_a_stranger_is_refused_once_per_interval():
+    clock = Clock()
+    gate = Gate(BridgeSettings(allow=["1"], refusal_interval=60), clock)
+    assert gate.decide(message("1")).decision == "allow"
+    assert gate.decide(message("666")).decision == "refuse"
+    assert gate.decide(message("666")).decision == "ignore"
+    clock.now += 61
+    assert gate.decide(message("666")).decision == "refuse"
+    assert gate.counts["stranger"] == 3
+
+
+def test_silence_for_strangers_and_ids_written_as_numbers():
+    gate = Gate(BridgeSettings.model_validate({"allow": [1], "strangers": "silence"}))
+    assert gate.decide(message("1")).decision == "allow"
+    assert gate.decide(message("2")).decision == "ignore"
+
+
+def test_groups_need_the_group_the_sender_and_a_mention():
+    gate = Gate(BridgeSettings(allow=["1"], groups=["-100"]))
+    group = {"chat": "-100", "is_group": True}
+    assert gate.decide(message("1", addressed_to_bot=True, **group)).decision == "allow"
+    assert gate.decide(message("1", addressed_to_bot=False, **group)).decision == "ignore"
+    assert gate.decide(message("2", addressed_to_bot=True, **group)).decision == "ignore"
+    other = {"chat": "-200", "is_group": True}
+    assert gate.decide(message("1", addressed_to_bot=True, **other)).decision == "ignore"
+
+
+def test_flood_control_notices_once_then_drops_until_the_window_passes():
+    clock = Clock()
+    gate = Gate(BridgeSettings(allow=["1"], messages_per_minute=3), clock)
+    decisions = [gate.decide(message("1")).decision for _ in range(6)]
+    assert decisions == ["allow"] * 3 + ["flood-notice", "ignore", "ignore"]
+    clock.now += 60
+    assert gate.decide(message("1")).decision == "allow"
+
+
+# -- splitting and formatting ---------------------------------------------------
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.text(alphabet=st.sampled_from(list("ab .!?\n\t*_")), max_size=3000),
+       st.integers(min_value=40, max_value=500))
+def test_split_pieces_fit_and_lose_nothing_but_the_breaks(text, limit):
+    pieces = split_text(text, limit)
+    assert all(len(p) <= limit for p in pieces)
+    assert "".join("".join(pieces).split()) == "".join(text.split())
+
+
+def test_split_prefers_paragraphs_and_reopens_a_cut_code_block():
+    prose = "First paragraph. " * 8 + "\n\n" + "Second one. " * 6
+    assert [p.rstrip() for p in split_text(prose, 200)] == \
+        [p.rstrip() for p in prose.split("\n\n")]
+    code = "```python\n" + "".join(f"x{i} = {i}\n" for i in range(100)) + "```"
+    pieces = split_text(code, 200)
+    assert len(pieces) > 1
+    assert all(p.startswith("```") and p.rstrip().endswith("```") for p in pieces)
+
+
+def test_org_becomes_platform_html_and_nothing_else_is_markup():
+    html = to_html('* Title <b>\n*bold* /it/ =a<b= [[https://e.org/?a=1&b][site]] '
+                   '[[elisp:(kill-emacs)][click]] <script>\n\x1b]0;x\x07')
+    assert html.startswith("<b>Title &lt;b&gt;</b>")
+    assert "<b>bold</b> <i>it</i> <code>a&lt;b</code>" in html
+    assert '<a href="https://e.org/?a=1&amp;b">site</a>' in html
+    assert "elisp" not in html and "&lt;script&gt;" in html
+    assert "\x1b" not in html and "\x07" not in html
+
+
+# -- approvals ------------------------------------------------------------------
+
+class Surface:
+    def __init__(self) -> None:
+        self.shown: list[tuple[str, str, str]] = []
+        self.settled: list[str] = []
+
+    async def show_approval(self, chat_id, text, approval_id, digest):
+        self.shown.append((chat_id, approval_id, digest))
+        return len(self.shown)
+
+    async def settle_approval(self, chat_id, handle, outcome):
+        self.settled.append(outcome)
+
+
+def request(asker="1", timeout=5.0) -> ApprovalRequest:
+    return ApprovalRequest(thread=Thread("telegram", "1"), action_class="shell",
+                           title="Run a command", timeout=timeout, argv=("ls",), cwd="/",
+                           requested_by=asker, digest=action_digest("(:type :request)"))
+
+
+def test_only_the_asker_decides_with_the_right_digest_and_only_once():
+    async def scenario():
+        surface = Surface()
+        approver = BridgeApprover(surface, approvers=[])
+        asked = request()
+        waiting = asyncio.create_task(approver.ask(asked))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        digest = short_digest(asked)
+        assert "Only the person" in approver.decide(asked.id, digest, "2", True)
+        assert "does not match" in approver.decide(asked.id, "0" * 16, "1", True)
+        assert approver.decide(asked.id, digest, "1", True) == "Approved."
+        assert "no longer open" in approver.decide(asked.id, digest, "1", False)
+        return (await waiting).how, surface.settled
+    how, settled = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert how == "approved" and settled == ["Approval approved."]
+
+
+def test_an_unanswered_approval_expires_as_a_denial():
+    async def scenario():
+        approver = BridgeApprover(Surface(), approvers=[], timeout=0.05)
+        return (await approver.ask(request())).how
+    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == "timed-out"
+
+
+@pytest.mark.parametrize("text,answer", [("approve", True), ("Deny!", False), ("yes", True),
+                                         ("approve it please", None), ("", None)])
+def test_text_answers(text, answer):
+    assert parse_answer(text) is answer
+
+
+# -- outbound pacing and retry-after --------------------------------------------
+
+def test_retry_after_is_honoured_a_bounded_number_of_times():
+    calls = []
+
+    async def send():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RetryAfter(0.01)
+        return "sent"
+    assert asyncio.run(with_retry_after(send)) == "sent" and len(calls) == 3
+
+    async def never():
+        raise RetryAfter(0.0)
+    with pytest.raises(RetryAfter):
+        asyncio.run(with_retry_after(never))
+
+
+def test_pacer_spaces_messages_in_one_chat():
+    clock = Clock()
+    pacer = Pacer(per_chat=1.0, per_second=100, clock=clock)
+    slept: list[float] = []
+
+    async def scenario():
+        real_sleep = asyncio.sleep
+
+        async def fake_sleep(seconds):
+            slept.append(seconds)
+            clock.now += seconds
+            await real_sleep(0)
+        asyncio.sleep = fake_sleep
+        try:
+            for _ in range(3):
+                await pacer.wait("a")
+            await pacer.wait("b")
+        finally:
+            asyncio.sleep = real_sleep
+    asyncio.run(scenario())
+    assert [round(s, 2) for s in slept] == [1.0, 1.0, 0.01]
+
+
+# -- the durable inbox ----------------------------------------------------------
+
+def test_inbox_keeps_what_is_not_done_across_a_restart(tmp_path):
+    path = tmp_path / "inbox.jsonl"
+    inbox = Inbox(path)
+    assert [m.position for m in inbox.add([message(position=5), message(position=6)])] == [5, 6]
+    inbox.done(5)
+    inbox.close()
+    with open(path, "ab") as handle:
+        handle.write(b'{"add": {"posit')     # torn by a crash mid-write
+    again = Inbox(path)
+    assert [m.position for m in again.pending()] == [6]
+    assert again.add([message(position=6), message(position=5)]) == []   # redelivered
+    assert [m.position for m in again.add([message(position=7)])] == [7]
+    assert oct(path.stat().st_mode & 0o777) == "0o600"

@@ -1,0 +1,298 @@
+"""The Signal bridge: the real platform module against a loopback fake of signal-cli's daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from opencortex.bridges.inbox import Inbox
+from opencortex.bridges.service import Bridge
+from opencortex.bridges.settings import SignalSettings
+from opencortex.bridges.signal import SignalPlatform
+from opencortex.config import load_config
+from opencortex.llm import EchoBackend, ScriptBackend
+from opencortex.runtime import build_kernel
+
+from signal_fake import FRIEND, GROUP, OTHER_GROUP, OWNER, STRANGER, FakeSignalCli, rate_limited
+
+SHELL = '(:type :REQUEST :target :shell :cmd ("echo" "approved-run"))'
+
+
+async def until(predicate, seconds: float = 15.0) -> None:
+    """Wait (bounded) until PREDICATE() is true."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out waiting for the bridge")
+        await asyncio.sleep(0.02)
+
+
+def script(tmp_path: Path, *replies: str) -> ScriptBackend:
+    path = tmp_path / "replies.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
+    return ScriptBackend(path)
+
+
+@asynccontextmanager
+async def bridge(home: Path, backend=None, owners=None, **settings):
+    fake = FakeSignalCli()
+    address = await fake.start()
+    config = load_config(home)
+    if owners:
+        config = config.model_copy(update={"llm": config.llm.model_copy(
+            update={"owners": owners})})
+    kernel = build_kernel(config, backend=backend or EchoBackend())
+    options = {"allow": [OWNER.uuid, FRIEND.number], "poll_timeout": 1.0, **settings}
+    signal = SignalSettings(enabled=True, address=address, **options)
+    running = Bridge(SignalPlatform(signal), signal, kernel,
+                     Inbox(home / "bridges" / "signal.inbox.jsonl"), 30.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    try:
+        await until(lambda: running.bot_name)
+        yield fake, running, kernel
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await kernel.aclose()
+        await fake.stop()
+
+
+def run(coro):
+    asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def texts(fake, chat) -> list[str]:
+    return [s.text for s in fake.sent if s.chat_id == chat]
+
+
+# -- who is answered --------------------------------------------------------------
+
+def test_owner_by_uuid_is_answered_with_styles_and_a_stranger_is_refused_once(home, caplog):
+    caplog.set_level(logging.DEBUG)
+
+    async def scenario():
+        async with bridge(home) as (fake, running, kernel):
+            fake.message(STRANGER, "secret stranger words")
+            fake.message(STRANGER, "more stranger words")
+            fake.message(OWNER, "hello *there*")
+            await until(lambda: texts(fake, OWNER.uuid))
+            await asyncio.sleep(0.3)
+            reply = next(s for s in fake.sent if s.chat_id == OWNER.uuid)
+            assert (reply.text, reply.styles) == ("[Echo] hello there", ["13:5:BOLD"])
+            assert texts(fake, STRANGER.uuid) == ["Sorry, this is a private assistant."]
+            assert (OWNER.uuid, False) in fake.typing
+            assert running.gate.counts["stranger"] == 2
+            assert {str(t) for t in kernel.archive.threads()} == {f"signal:{OWNER.uuid}"}
+            sends = [r["params"] for r in fake.requests if r["method"] == "send"]
+            assert all(p["recipient"] in ([OWNER.uuid], [STRANGER.uuid]) for p in sends)
+            assert fake.calls.count("subscribeReceive") == 1
+    run(scenario())
+    assert "stranger words" not in caplog.text and "hello" not in caplog.text
+
+
+def test_an_allowed_number_is_answered_under_its_uuid(home):
+    async def scenario():
+        async with bridge(home) as (fake, running, kernel):
+            fake.message(FRIEND, "hi from my number")
+            await until(lambda: texts(fake, FRIEND.uuid))
+            assert texts(fake, FRIEND.uuid) == ["[Echo] hi from my number"]
+            assert not texts(fake, FRIEND.number)
+            assert {str(t) for t in kernel.archive.threads()} == {f"signal:{FRIEND.uuid}"}
+            assert FRIEND.uuid in running.settings.allow
+    run(scenario())
+
+
+def test_groups_answer_only_allowed_groups_when_addressed(home):
+    async def scenario():
+        async with bridge(home, groups=[GROUP]) as (fake, running, kernel):
+            fake.message(OWNER, "no mention", group=GROUP)
+            fake.message(OWNER, "hi bot", group=GROUP, mention_bot=True)
+            await until(lambda: texts(fake, GROUP))
+            fake.message(OWNER, "about that", group=GROUP, quote=fake.sent[-1])
+            fake.message(STRANGER, "hi bot", group=GROUP, mention_bot=True)
+            fake.message(OWNER, "hi bot", group=OTHER_GROUP, mention_bot=True)
+            await until(lambda: len(texts(fake, GROUP)) == 2)
+            await asyncio.sleep(0.3)
+            assert texts(fake, GROUP) == ["[Echo] hi bot", "[Echo] about that"]
+            assert not texts(fake, OTHER_GROUP) and not texts(fake, STRANGER.uuid)
+            assert all(s.is_group for s in fake.sent)
+            counts = running.gate.counts
+            assert (counts["group-not-addressed"], counts["group-stranger"],
+                    counts["group-not-allowed"]) == (1, 1, 1)
+            assert {str(t) for t in kernel.archive.threads()} == {f"signal:{GROUP}"}
+    run(scenario())
+
+
+# -- messages that are not plain text ---------------------------------------------
+
+def test_attachments_get_text_only_captions_are_read_edits_and_deletions_ignored(home):
+    photo = {"contentType": "image/jpeg", "filename": None, "id": "a1", "size": 1024,
+             "width": 10, "height": 10, "caption": None, "uploadTimestamp": 1}
+
+    async def scenario():
+        async with bridge(home) as (fake, _, _):
+            first = fake.message(OWNER, None, attachments=[photo])
+            await until(lambda: texts(fake, OWNER.uuid))
+            assert "text only" in texts(fake, OWNER.uuid)[0]
+            fake.message(OWNER, None, attachments=[{**photo, "caption": "a caption"}])
+            fake.message(OWNER, "look at this", attachments=[photo])
+            fake.message(OWNER, "changed my mind", edit_of=first)
+            fake.message(OWNER, None, delete_of=first)
+            await until(lambda: len(texts(fake, OWNER.uuid)) == 3)
+            await asyncio.sleep(0.3)
+            assert texts(fake, OWNER.uuid)[1:] == ["[Echo] a caption", "[Echo] look at this"]
+    run(scenario())
+
+
+def test_a_long_reply_is_split_under_the_limit(home, tmp_path):
+    long = "\n\n".join(f"Paragraph {i}. " + "word " * 150 for i in range(6))
+    reply = f'(:type :REQUEST :target :signal :chat-id "{OWNER.uuid}" :text "{long}")'
+
+    async def scenario():
+        async with bridge(home, script(tmp_path, reply)) as (fake, _, _):
+            fake.message(OWNER, "tell me a lot")
+            await until(lambda: sum(len(t) for t in texts(fake, OWNER.uuid)) >= len(long) - 50,
+                        30)
+            pieces = texts(fake, OWNER.uuid)
+            assert len(pieces) >= 2 and all(len(p) <= 2000 for p in pieces)
+            assert all(p.startswith("Paragraph") for p in pieces)
+    run(scenario())
+
+
+# -- approvals --------------------------------------------------------------------
+
+async def shown_approval(fake, chat):
+    await until(lambda: any("React" in s.text for s in fake.sent if s.chat_id == chat))
+    return next(s for s in fake.sent if s.chat_id == chat and "React" in s.text)
+
+
+def test_an_approval_approved_by_a_reaction_runs(home, tmp_path):
+    async def scenario():
+        owners = {f"signal:{OWNER.uuid}": "developer"}
+        async with bridge(home, script(tmp_path, SHELL), owners=owners) as (fake, _, _):
+            fake.message(OWNER, "run it")
+            asked = await shown_approval(fake, OWNER.uuid)
+            assert "echo approved-run" in asked.text
+            fake.react(OWNER, asked, "\U0001F44D\U0001F3FD")      # 👍🏽
+            await until(lambda: any("Shell: echo approved-run" in t
+                                    for t in texts(fake, OWNER.uuid)), 20)
+            assert "Approved." in texts(fake, OWNER.uuid)
+            await until(lambda: asked.edits)
+            assert "approved" in asked.edits[0]
+    run(scenario())
+
+
+def test_an_approval_denied_by_a_reply_to_it(home, tmp_path):
+    async def scenario():
+        owners = {f"signal:{OWNER.uuid}": "developer"}
+        async with bridge(home, script(tmp_path, SHELL), owners=owners) as (fake, _, _):
+            fake.message(OWNER, "run it")
+            asked = await shown_approval(fake, OWNER.uuid)
+            fake.message(OWNER, "Deny", quote=asked)
+            await until(lambda: asked.edits, 20)
+            await asyncio.sleep(0.3)
+            assert "denied" in asked.edits[0] and "Denied." in texts(fake, OWNER.uuid)
+            assert not any("Shell: echo" in t for t in texts(fake, OWNER.uuid))
+    run(scenario())
+
+
+def test_in_a_group_only_the_asker_decides_by_reaction(home, tmp_path):
+    async def scenario():
+        owners = {f"signal:{GROUP}": "developer"}
+        async with bridge(home, script(tmp_path, SHELL), owners=owners,
+                          groups=[GROUP]) as (fake, _, _):
+            fake.message(OWNER, "run it", group=GROUP, mention_bot=True)
+            asked = await shown_approval(fake, GROUP)
+            fake.react(FRIEND, asked, "\u2705")
+            await until(lambda: any("Only the person" in t for t in texts(fake, GROUP)))
+            fake.react(OWNER, asked, "\u2764\ufe0f")              # ❤️ decides nothing
+            fake.react(OWNER, asked, "\u274C")
+            await until(lambda: asked.edits, 20)
+            assert "denied" in asked.edits[0] and "Denied." in texts(fake, GROUP)
+            assert not any("Shell: echo" in t for t in texts(fake, GROUP))
+    run(scenario())
+
+
+# -- failures ---------------------------------------------------------------------
+
+def test_a_dropped_daemon_connection_is_reported_and_the_bridge_reconnects(home):
+    async def scenario():
+        async with bridge(home) as (fake, running, _):
+            fake.message(OWNER, "first")
+            await until(lambda: texts(fake, OWNER.uuid))
+            fake.drop()
+            fake.message(OWNER, "second")            # waits on "Signal's server" meanwhile
+            await until(lambda: len(texts(fake, OWNER.uuid)) == 2, 30)
+            assert texts(fake, OWNER.uuid) == ["[Echo] first", "[Echo] second"]
+            assert running.status["errors"] >= 1
+            assert "lost the connection to signal-cli" in running.status["last_error"]
+            assert fake.calls.count("subscribeReceive") == 2
+            await until(lambda: running.status["state"] == "running")
+    run(scenario())
+
+
+def test_after_a_restart_new_messages_are_taken(home):
+    async def scenario():
+        for word in ("before", "after"):
+            async with bridge(home) as (fake, _, _):
+                fake.message(OWNER, word)
+                await until(lambda: texts(fake, OWNER.uuid))
+                assert texts(fake, OWNER.uuid) == [f"[Echo] {word}"]
+    run(scenario())
+
+
+@pytest.mark.parametrize("code,message,expected", [
+    (-32602, "Method requires valid account parameter", "set [bridges.signal] account"),
+    (-3, "signal-cli version is too old for the Signal-Server, please update.",
+     "update signal-cli"),
+])
+def test_a_json_rpc_error_object_is_a_clear_error(home, code, message, expected):
+    async def scenario():
+        fake = FakeSignalCli()
+        fake.fail("subscribeReceive", code, message)
+        address = await fake.start()
+        kernel = build_kernel(load_config(home), backend=EchoBackend())
+        settings = SignalSettings(enabled=True, address=address, allow=[OWNER.uuid])
+        running = Bridge(SignalPlatform(settings), settings, kernel,
+                         Inbox(home / "inbox.jsonl"), 30.0)
+        stop = asyncio.Event()
+        task = asyncio.create_task(running.run(stop))
+        try:
+            await until(lambda: running.status["errors"] >= 1)
+            assert expected in running.status["last_error"]
+            assert expected in running.report()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+            await kernel.aclose()
+            await fake.stop()
+    run(scenario())
+
+
+def test_a_receive_exception_saying_too_old_is_reported(home):
+    async def scenario():
+        async with bridge(home) as (fake, running, _):
+            await until(lambda: "subscribeReceive" in fake.calls)
+            fake.receive_exception("Deprecated version", "DeprecatedVersionException")
+            await until(lambda: running.status["errors"] >= 1)
+            assert "update signal-cli" in running.status["last_error"]
+    run(scenario())
+
+
+def test_a_rate_limit_is_honoured_and_refused_styles_fall_back_to_plain(home):
+    async def scenario():
+        async with bridge(home) as (fake, _, _):
+            fake.fail("send", 0, error=rate_limited(1))
+            fake.fail("send", -1, "Invalid style: BOLDER")
+            fake.message(OWNER, "*bold* <tag>")
+            await until(lambda: texts(fake, OWNER.uuid), 20)
+            reply = next(s for s in fake.sent if s.chat_id == OWNER.uuid)
+            assert (reply.text, reply.styles) == ("[Echo] *bold* <tag>", [])
+            assert fake.calls.count("send") == 3
+    run(scenario())

@@ -1,0 +1,344 @@
+"""The Telegram bridge: the real python-telegram-bot against a loopback fake Bot API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from opencortex.bridges.inbox import Inbox
+from opencortex.bridges.service import Bridge
+from opencortex.bridges.settings import BridgesSettings, TelegramSettings
+from opencortex.bridges.telegram import TelegramPlatform
+from opencortex.config import load_config
+from opencortex.events import Thread
+from opencortex.llm import EchoBackend, ScriptBackend
+from opencortex.runtime import build_kernel
+
+from telegram_fake import BOT_NAME, FakeBotApi
+
+TOKEN = "4242:AAE-canary-token-never-logged"
+OWNER, STRANGER, FRIEND = 7, 666, 8
+GROUP = -1001
+
+
+async def until(predicate, seconds: float = 15.0) -> None:
+    """Wait (bounded) until PREDICATE() is true."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out waiting for the bridge")
+        await asyncio.sleep(0.02)
+
+
+def script(tmp_path: Path, *replies: str) -> ScriptBackend:
+    path = tmp_path / "replies.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
+    return ScriptBackend(path)
+
+
+@asynccontextmanager
+async def bridge(home: Path, backend=None, owners=None, **settings):
+    fake = FakeBotApi(TOKEN)
+    url = await fake.start()
+    options = {"allow": [str(OWNER), str(FRIEND)], "poll_timeout": 1, **settings}
+    tg = TelegramSettings(enabled=True, base_url=url, **options)
+    config = load_config(home).model_copy(update={"bridges": BridgesSettings(telegram=tg)})
+    if owners:
+        config = config.model_copy(update={"llm": config.llm.model_copy(
+            update={"owners": owners})})
+    kernel = build_kernel(config, backend=backend or EchoBackend())
+    running = Bridge(TelegramPlatform(tg, TOKEN), tg, kernel,
+                     Inbox(home / "bridges" / "telegram.inbox.jsonl"), 30.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    try:
+        await until(lambda: running.bot_name)
+        yield fake, running, kernel
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await kernel.aclose()
+        await fake.stop()
+
+
+def run(coro):
+    asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def texts(fake, chat) -> list[str]:
+    return [s.text for s in fake.sent if s.chat_id == str(chat)]
+
+
+def test_owner_is_answered_and_a_stranger_gets_one_refusal_and_nothing_else(home, caplog):
+    caplog.set_level(logging.DEBUG)
+
+    async def scenario():
+        async with bridge(home) as (fake, running, kernel):
+            fake.send(STRANGER, "secret stranger words")
+            fake.send(STRANGER, "more stranger words")
+            fake.send(OWNER, "hello *there*")
+            await until(lambda: texts(fake, OWNER))
+            await asyncio.sleep(0.3)
+            assert texts(fake, OWNER) == ["[Echo] hello <b>there</b>"]
+            assert fake.sent[-1].parse_mode == "HTML"
+            assert texts(fake, STRANGER) == ["Sorry, this is a private assistant."]
+            assert (str(OWNER), "typing") in fake.actions
+            assert running.gate.counts["stranger"] == 2
+            assert {c["command"] for c in fake.commands} >= {"help", "history", "reset"}
+            threads = {str(t) for t in kernel.archive.threads()}
+            assert threads == {f"telegram:{OWNER}"}
+    run(scenario())
+    assert "stranger words" not in caplog.text
+    assert TOKEN not in caplog.text
+
+
+def test_groups_answer_only_allowed_groups_when_addressed(home):
+    async def scenario():
+        async with bridge(home, groups=[str(GROUP)]) as (fake, running, _):
+            fake.send(OWNER, "no mention", chat_id=GROUP, chat_type="supergroup")
+            fake.send(OWNER, f"@{BOT_NAME} hi", chat_id=GROUP, chat_type="supergroup")
+            fake.send(OWNER, "a reply", chat_id=GROUP, chat_type="supergroup",
+                      reply_to_bot=True)
+            fake.send(STRANGER, f"@{BOT_NAME} hi", chat_id=GROUP, chat_type="supergroup")
+            fake.send(OWNER, f"@{BOT_NAME} hi", chat_id=-2002, chat_type="group")
+            await until(lambda: len(texts(fake, GROUP)) == 2)
+            await asyncio.sleep(0.3)
+            assert len(texts(fake, GROUP)) == 2 and not texts(fake, -2002)
+            assert running.gate.counts["group-not-addressed"] == 1
+    run(scenario())
+
+
+def test_a_long_reply_is_split_under_the_limit(home, tmp_path):
+    long = "\n\n".join(f"Paragraph {i}. " + "word " * 150 for i in range(12))
+    reply = f'(:type :REQUEST :target :telegram :chat-id "{OWNER}" :text "{long}")'
+
+    async def scenario():
+        async with bridge(home, script(tmp_path, reply)) as (fake, _, _):
+            fake.send(OWNER, "tell me a lot")
+            await until(lambda: sum(len(t) for t in texts(fake, OWNER)) >= len(long) - 50)
+            pieces = texts(fake, OWNER)
+            assert len(pieces) >= 2 and all(len(p) <= 4096 for p in pieces)
+            assert all(p.startswith("Paragraph") for p in pieces)
+    run(scenario())
+
+
+def test_formatting_refused_falls_back_to_plain_and_429_is_honoured(home):
+    async def scenario():
+        async with bridge(home) as (fake, _, _):
+            fake.fail("sendMessage", "429", "parse")
+            fake.send(OWNER, "*bold* <tag>")
+            await until(lambda: texts(fake, OWNER), 20)
+            sent = [s for s in fake.sent if s.chat_id == str(OWNER)][0]
+            assert sent.parse_mode is None and sent.text == "[Echo] *bold* <tag>"
+            assert fake.calls.count("sendMessage") == 3
+    run(scenario())
+
+
+def test_a_failing_api_is_retried_without_leaking_the_token(home, caplog):
+    caplog.set_level(logging.DEBUG)
+
+    async def scenario():
+        async with bridge(home) as (fake, running, _):
+            fake.fail("getUpdates", "500", "drop")
+            fake.send(OWNER, "still there?")
+            await until(lambda: texts(fake, OWNER), 30)
+            assert running.status["errors"] >= 1
+            assert TOKEN not in running.status["last_error"]
+    run(scenario())
+    assert TOKEN not in caplog.text
+
+
+def test_media_edits_and_captions(home):
+    async def scenario():
+        async with bridge(home) as (fake, _, kernel):
+            fake.send(OWNER, None, photo=[{"file_id": "p", "file_unique_id": "u",
+                                           "width": 1, "height": 1}])
+            await until(lambda: texts(fake, OWNER))
+            assert "text only" in texts(fake, OWNER)[0]
+            fake.send(OWNER, None, caption="look at this", photo=[
+                {"file_id": "p", "file_unique_id": "u", "width": 1, "height": 1}])
+            fake.send(OWNER, "changed my mind", edited=True)
+            await until(lambda: len(texts(fake, OWNER)) == 2)
+            await asyncio.sleep(0.3)
+            assert texts(fake, OWNER)[1] == "[Echo] look at this"
+            assert len(texts(fake, OWNER)) == 2
+    run(scenario())
+
+
+def test_flood_control_answers_the_excess_once(home):
+    async def scenario():
+        async with bridge(home, messages_per_minute=3) as (fake, running, _):
+            for i in range(6):
+                fake.send(OWNER, f"message {i}")
+            await until(lambda: len(texts(fake, OWNER)) == 4, 30)
+            await asyncio.sleep(0.3)
+            said = texts(fake, OWNER)
+            assert len(said) == 4 and sum("faster than 3" in t for t in said) == 1
+    run(scenario())
+
+
+SHELL = '(:type :REQUEST :target :shell :cmd ("echo" "approved-run"))'
+
+
+def buttons(sent) -> list[str]:
+    markup = json.loads(sent.reply_markup) if isinstance(sent.reply_markup, str) \
+        else sent.reply_markup
+    return [button["callback_data"] for row in markup["inline_keyboard"] for button in row]
+
+
+async def approval_scenario(home, tmp_path, clicks):
+    owners = {f"telegram:{OWNER}": "developer"}
+    async with bridge(home, script(tmp_path, SHELL), owners=owners) as (fake, _, _):
+        fake.send(OWNER, "run it")
+        await until(lambda: any(s.reply_markup for s in fake.sent))
+        asked = next(s for s in fake.sent if s.reply_markup)
+        assert "echo approved-run" in asked.text and "Approve" in str(asked.reply_markup)
+        approve, deny = buttons(asked)
+        for user, which in clicks:
+            fake.click(user, asked, approve if which == "approve" else deny)
+            await until(lambda: len(fake.answers) >= 1)
+        await until(lambda: asked.edits, 20)
+        await asyncio.sleep(0.2)
+        return fake, asked
+
+
+def test_an_approval_approved_by_the_owner_runs(home, tmp_path):
+    async def scenario():
+        fake, asked = await approval_scenario(home, tmp_path, [(OWNER, "approve")])
+        assert fake.answers[0][1] == "Approved."
+        assert "approved" in asked.edits[0]
+        assert any("Shell: echo approved-run" in t for t in texts(fake, OWNER))
+    run(scenario())
+
+
+def test_a_click_by_someone_else_is_refused_then_the_owner_denies(home, tmp_path):
+    async def scenario():
+        fake, asked = await approval_scenario(home, tmp_path,
+                                              [(FRIEND, "approve"), (OWNER, "deny")])
+        assert "Only the person" in fake.answers[0][1]
+        assert fake.answers[1][1] == "Denied."
+        assert not any("Shell: echo" in t for t in texts(fake, OWNER))
+    run(scenario())
+
+
+def test_a_guest_cannot_approve_their_own_command(home, tmp_path):
+    async def scenario():
+        async with bridge(home, script(tmp_path, SHELL)) as (fake, _, _):
+            fake.send(OWNER, "run it")
+            await until(lambda: any(s.reply_markup for s in fake.sent))
+            asked = next(s for s in fake.sent if s.reply_markup)
+            fake.click(OWNER, asked, buttons(asked)[0])
+            await until(lambda: fake.answers)
+            assert "Only the person" in fake.answers[0][1]
+    run(scenario())
+
+
+def test_an_unanswered_approval_expires(home, tmp_path):
+    async def scenario():
+        owners = {f"telegram:{OWNER}": "developer"}
+        async with bridge(home, script(tmp_path, SHELL), owners=owners,
+                          approval_timeout=0.3) as (fake, _, _):
+            fake.send(OWNER, "run it")
+            await until(lambda: any(s.edits for s in fake.sent))
+            asked = next(s for s in fake.sent if s.reply_markup)
+            assert "timed-out" in asked.edits[0]
+            fake.click(OWNER, asked, buttons(asked)[0])
+            await until(lambda: fake.answers)
+            assert "no longer open" in fake.answers[0][1]
+    run(scenario())
+
+
+def test_a_leftover_webhook_is_reported_and_removed(home, caplog):
+    async def scenario():
+        fake = FakeBotApi(TOKEN)
+        fake.webhook_url = "https://example.invalid/hook"
+        url = await fake.start()
+        settings = TelegramSettings(enabled=True, base_url=url, poll_timeout=1)
+        platform = TelegramPlatform(settings, TOKEN)
+        try:
+            assert await platform.start() == BOT_NAME
+            assert fake.webhook_url == "" and "deleteWebhook" in fake.calls
+        finally:
+            await platform.stop()
+            await fake.stop()
+    run(scenario())
+    assert "webhook is set" in caplog.text
+
+
+@pytest.mark.parametrize("text,command", [("/start", "/help"), (f"/history@{BOT_NAME} 2",
+                                                                 "/history 2")])
+def test_platform_command_conventions(home, text, command):
+    async def scenario():
+        async with bridge(home) as (fake, running, _):
+            assert running._command_text(text) == command
+            fake.send(OWNER, text)
+            await until(lambda: texts(fake, OWNER))
+            assert not texts(fake, OWNER)[0].startswith("[Echo]")
+    run(scenario())
+
+
+def test_a_channel_without_archive_keeps_nothing_on_disk(home):
+    async def scenario():
+        async with bridge(home, archive=False) as (fake, running, kernel):
+            fake.send(OWNER, "remember nothing of this")
+            fake.send(OWNER, "/help")
+            await until(lambda: len(texts(fake, OWNER)) >= 3)
+            assert "not archived" in texts(fake, OWNER)[-1]
+            assert kernel.archive.threads() == []
+            assert kernel.archive.search("remember") == []
+            history = await kernel.run_command(Thread("telegram", str(OWNER)), "/history")
+            assert "remember nothing of this" in history
+    run(scenario())
+
+
+def test_doctor_checks_an_enabled_bridge(home):
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from conftest import cli_env
+
+    loop = asyncio.new_event_loop()
+    fake = FakeBotApi(TOKEN)
+    url = loop.run_until_complete(fake.start())
+    server = threading.Thread(target=loop.run_forever, daemon=True)
+    server.start()
+    try:
+        (home / "config.toml").write_text(
+            f'[bridges.telegram]\nenabled = true\nbase_url = "{url}"\n'
+            'token_env = "TEST_TELEGRAM_TOKEN"\nallow = [7]\n')
+        command = [sys.executable, "-m", "opencortex", "doctor"]
+        done = subprocess.run(command, env=cli_env(home, TEST_TELEGRAM_TOKEN=TOKEN),
+                              capture_output=True, text=True, timeout=120)
+        assert f"ok  bridge: telegram: connected as {BOT_NAME}" in done.stdout
+        env = {k: v for k, v in cli_env(home).items() if k != "TEST_TELEGRAM_TOKEN"}
+        missing = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert "NO  bridge: telegram: $TEST_TELEGRAM_TOKEN is not set" in missing.stdout
+        assert TOKEN not in done.stdout + done.stderr + missing.stdout + missing.stderr
+        assert os.environ.get("TEST_TELEGRAM_TOKEN") is None
+    finally:
+        asyncio.run_coroutine_threadsafe(fake.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        server.join(10)
+
+
+def test_an_approval_answered_by_a_text_reply(home, tmp_path):
+    async def scenario():
+        owners = {f"telegram:{OWNER}": "developer"}
+        async with bridge(home, script(tmp_path, SHELL), owners=owners) as (fake, _, _):
+            fake.send(OWNER, "run it")
+            await until(lambda: any(s.reply_markup for s in fake.sent))
+            asked = next(s for s in fake.sent if s.reply_markup)
+            fake.send(OWNER, "Approve")
+            await until(lambda: asked.edits, 20)
+            assert "approved" in asked.edits[0]
+            await until(lambda: any("Shell: echo approved-run" in t
+                                    for t in texts(fake, OWNER)))
+            assert "Approved." in texts(fake, OWNER)
+    run(scenario())
