@@ -192,6 +192,6 @@ def _bridges(config: Config) -> list[Check]:
     from opencortex.bridges.runner import check_bridge
     checks = []
     for name, settings in config.bridges.enabled().items():
-        ok, detail, fix = asyncio.run(check_bridge(name, settings))
+        ok, detail, fix = asyncio.run(check_bridge(name, settings, home=config.home))
         checks.append(Check(f"bridge: {name}", ok, detail, fix))
     return checks

@@ -1,0 +1,125 @@
+"""Reading one Matrix room event (its JSON, decrypted) in the bridge's terms.
+
+`read_event` turns the event into a `RoomEvent`: what kind of message it is
+(text, media, an edit, a deletion, a reaction, or something the bridge does not
+answer), its text without the quoted fallback of a reply, the thread it was
+posted in, the event it replies to or reacts to, and whom it mentions.
+`reaction_answer` reads an approval reaction (✅ approves, ❌ denies).
+Pure functions: no I/O, no policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+APPROVE = frozenset({"✅", "✔", "☑"})
+DENY = frozenset({"❌", "✖", "❎"})
+MEDIA = frozenset({"m.image", "m.file", "m.audio", "m.video", "m.location"})
+TEXT = frozenset({"m.text", "m.emote"})
+
+
+@dataclass(frozen=True)
+class RoomEvent:
+    """What the bridge needs from one room event."""
+
+    event_id: str
+    sender: str
+    kind: str                 # an Inbound kind ("text", "media", …) or "reaction"
+    text: str = ""
+    thread_root: str = ""     # the thread it was posted in ("" on the main timeline)
+    reply_to: str = ""        # the event it replies to
+    reacts_to: str = ""       # for a reaction: the event it annotates
+    reaction: str = ""        # for a reaction: its key
+    mentions: tuple[str, ...] = ()
+
+
+def read_event(source: dict[str, Any]) -> RoomEvent | None:
+    """SOURCE (an event's JSON) as a RoomEvent; None for state and other non-messages."""
+    kind = source.get("type")
+    content = source.get("content")
+    event_id, sender = source.get("event_id"), source.get("sender")
+    if not isinstance(content, dict) or not isinstance(event_id, str) or \
+            not isinstance(sender, str):
+        return None
+    if "state_key" in source:
+        return None
+    relation = content.get("m.relates_to")
+    relation = relation if isinstance(relation, dict) else {}
+    if kind == "m.reaction":
+        return _reaction(event_id, sender, relation)
+    if kind == "m.room.redaction":
+        return RoomEvent(event_id, sender, "deletion")
+    if kind == "m.sticker":
+        return RoomEvent(event_id, sender, "media", **_place(relation))
+    if kind != "m.room.message":
+        return None
+    return _message(event_id, sender, content, relation)
+
+
+def _reaction(event_id: str, sender: str, relation: dict[str, Any]) -> RoomEvent | None:
+    if relation.get("rel_type") != "m.annotation" or not isinstance(relation.get("event_id"),
+                                                                      str):
+        return None
+    key = relation.get("key")
+    return RoomEvent(event_id, sender, "reaction", reacts_to=relation["event_id"],
+                     reaction=key if isinstance(key, str) else "")
+
+
+def _message(event_id: str, sender: str, content: dict[str, Any],
+             relation: dict[str, Any]) -> RoomEvent:
+    msgtype = content.get("msgtype")
+    body = content.get("body") if isinstance(content.get("body"), str) else ""
+    place = _place(relation)
+    mentions = _mentions(content)
+    if relation.get("rel_type") == "m.replace":
+        return RoomEvent(event_id, sender, "edit", **place)
+    if msgtype in TEXT:
+        text = strip_reply_fallback(body) if place["reply_to"] else body
+        return RoomEvent(event_id, sender, "text", text=text, mentions=mentions, **place)
+    if msgtype in MEDIA:
+        filename = content.get("filename")
+        caption = body if isinstance(filename, str) and filename and filename != body else ""
+        return RoomEvent(event_id, sender, "media", text=caption, mentions=mentions, **place)
+    return RoomEvent(event_id, sender, "other", **place)   # m.notice (bots), unknown types
+
+
+def _place(relation: dict[str, Any]) -> dict[str, str]:
+    """The thread root and the replied-to event of a message's relation."""
+    root = relation.get("event_id") if relation.get("rel_type") == "m.thread" else ""
+    reply = relation.get("m.in_reply_to")
+    reply_to = reply.get("event_id") if isinstance(reply, dict) else ""
+    if relation.get("is_falling_back"):   # a thread's fallback reply is no real reply
+        reply_to = ""
+    return {"thread_root": root if isinstance(root, str) else "",
+            "reply_to": reply_to if isinstance(reply_to, str) else ""}
+
+
+def _mentions(content: dict[str, Any]) -> tuple[str, ...]:
+    mentions = content.get("m.mentions")
+    users = mentions.get("user_ids") if isinstance(mentions, dict) else None
+    return tuple(user for user in users if isinstance(user, str)) \
+        if isinstance(users, list) else ()
+
+
+def strip_reply_fallback(body: str) -> str:
+    """BODY without the quoted lines (`> …`) a client puts before a reply's own text."""
+    lines = body.split("\n")
+    index = 0
+    while index < len(lines) and lines[index].startswith(">"):
+        index += 1
+    if index == 0:
+        return body
+    while index < len(lines) and not lines[index].strip():
+        index += 1
+    return "\n".join(lines[index:])
+
+
+def reaction_answer(key: str) -> bool | None:
+    """True for an approving reaction (✅), False for a denying one (❌), else None."""
+    key = key.replace("\ufe0f", "").strip()
+    if key in APPROVE:
+        return True
+    if key in DENY:
+        return False
+    return None

@@ -1,0 +1,408 @@
+"""The Matrix bridge: the real matrix-nio against a real Synapse on 127.0.0.1.
+
+One homeserver serves the whole module (it fails the module with Synapse's own
+log lines if it cannot start); each test registers its own accounts, so tests
+do not see each other's rooms.  The person is a second matrix-nio client with
+its own crypto store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import stat
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from nio import MegolmEvent, RoomMessageNotice
+
+from opencortex.bridges import matrix_session
+from opencortex.bridges.inbox import Inbox
+from opencortex.bridges.matrix import (APPROVAL_HINT, ENCRYPTED_ONLY, UNDECRYPTABLE, UNTRUSTED,
+                                       MatrixPlatform)
+from opencortex.bridges.matrix_session import MatrixSession
+from opencortex.bridges.matrix_state import MatrixState
+from opencortex.bridges.outbound import RetryAfter
+from opencortex.bridges.runner import check_bridge
+from opencortex.bridges.service import Bridge
+from opencortex.bridges.settings import MatrixSettings
+from opencortex.config import load_config
+from opencortex.llm import EchoBackend, ScriptBackend
+from opencortex.runtime import build_kernel
+
+from matrix_person import Person
+from synapse import Homeserver
+
+MODULE_DEADLINE = 120   # seconds any one test may take
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def homeserver(tmp_path_factory):
+    with Homeserver(tmp_path_factory.mktemp("synapse")) as server:
+        yield server
+
+
+def run(coro):
+    asyncio.run(asyncio.wait_for(coro, MODULE_DEADLINE))
+
+
+def accounts(homeserver: Homeserver, *roles: str):
+    """A fresh account per role (names unique in the module)."""
+    number = next(_names)
+    return [homeserver.register(f"{role}{number}") for role in roles]
+
+
+async def until(predicate, seconds: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out waiting for the bridge")
+        await asyncio.sleep(0.02)
+
+
+def script(tmp_path: Path, *replies: str) -> ScriptBackend:
+    path = tmp_path / "replies.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
+    return ScriptBackend(path)
+
+
+@asynccontextmanager
+async def bridge(home: Path, homeserver: Homeserver, bot, allow, backend=None, owners=None,
+                 **options):
+    """A kernel with the Matrix bridge logged in as BOT (by password), running."""
+    config = load_config(home)
+    if owners:
+        config = config.model_copy(update={"llm": config.llm.model_copy(
+            update={"owners": owners})})
+    kernel = build_kernel(config, backend=backend or EchoBackend())
+    settings = MatrixSettings(enabled=True, homeserver=homeserver.url, user_id=bot.user_id,
+                              allow=allow, poll_timeout=1, **options)
+    platform = MatrixPlatform(settings, bot.password, home / "bridges" / "matrix", password=True)
+    running = Bridge(platform, settings, kernel,
+                     Inbox(home / "bridges" / "matrix.inbox.jsonl"), 30.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    try:
+        await until(lambda: running.bot_name or task.done())
+        assert not task.done(), task.exception()
+        yield running, kernel
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await kernel.aclose()
+
+
+@asynccontextmanager
+async def people(homeserver: Homeserver, tmp_path: Path, *accounts_):
+    started = []
+    try:
+        for index, account in enumerate(accounts_):
+            started.append(await Person(homeserver, account,
+                                        tmp_path / f"person{index}").start())
+        yield started
+    finally:
+        for person in started:
+            await person.close()
+
+
+async def joined(person: Person, room_id: str, bot_id: str) -> None:
+    await person.until(lambda: person.membership(room_id, bot_id) == "join")
+
+
+# -- end to end, encrypted ----------------------------------------------------------
+
+def test_an_encrypted_room_end_to_end_across_a_restart(homeserver, home, tmp_path,
+                                                       monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setitem(matrix_session.SYNC_FILTER["room"]["timeline"], "limit", 2)
+    backfilled = []
+    original = MatrixSession._backfill
+
+    async def backfill(self, *args):
+        backfilled.append(await original(self, *args))
+        return backfilled[-1]
+    monkeypatch.setattr(MatrixSession, "_backfill", backfill)
+    bot, owner = accounts(homeserver, "bot", "owner")
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner) as (person,):
+            room = await person.create_room([bot.user_id], encrypted=True)
+            async with bridge(home, homeserver, bot, [owner.user_id]) as (running, kernel):
+                await joined(person, room, bot.user_id)
+                await person.say(room, "hello *there*")
+                await person.until(lambda: person.messages(room, bot.user_id))
+                reply = person.messages(room, bot.user_id)[0]
+                assert reply.decrypted and reply.body == "[Echo] hello *there*"
+                assert reply.formatted_body == "[Echo] hello <b>there</b>"
+                assert isinstance(person.events[-1][1], type(reply))
+                device = running.platform.client.device_id
+                await until(lambda: {str(t) for t in kernel.archive.threads()} ==
+                            {f"matrix:{room}"})
+            for text in ("while away 1", "while away 2", "while away 3"):
+                await person.say(room, text)
+            async with bridge(home, homeserver, bot, [owner.user_id]) as (running, _):
+                assert running.platform.client.device_id == device
+                await person.say(room, "back again")
+                await person.until(lambda: len(person.bodies(room, bot.user_id)) >= 5)
+        assert person.bodies(room, bot.user_id) == [
+            "[Echo] hello *there*", "[Echo] while away 1", "[Echo] while away 2",
+            "[Echo] while away 3", "[Echo] back again"]
+        assert all(m.decrypted for m in person.messages(room, bot.user_id))
+        assert any(backfilled)   # the gap was longer than one sync's timeline
+    run(scenario())
+    state = home / "bridges" / "matrix"
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert stat.S_IMODE((state / "crypto").stat().st_mode) == 0o700
+    assert stat.S_IMODE((state / "state.sqlite3").stat().st_mode) == 0o600
+    kept = MatrixState(state)
+    token = kept.get("access_token")
+    kept.close()
+    assert token and token not in caplog.text and bot.password not in caplog.text
+    assert "while away" not in caplog.text and "hello" not in caplog.text
+
+
+def test_replies_follow_the_thread_and_edits_are_not_answered(homeserver, home, tmp_path):
+    bot, owner = accounts(homeserver, "bot", "owner")
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner) as (person,), \
+                bridge(home, homeserver, bot, [owner.user_id]):
+            room = await person.create_room([bot.user_id], encrypted=False)
+            await joined(person, room, bot.user_id)
+            root = await person.say(room, "a thread root")
+            await person.until(lambda: len(person.messages(room, bot.user_id)) == 1)
+            await person.say(room, "* changed", **{
+                "m.new_content": {"msgtype": "m.text", "body": "changed"},
+                "m.relates_to": {"rel_type": "m.replace", "event_id": root}})
+            inside = await person.say(room, "inside", **{"m.relates_to": {
+                "rel_type": "m.thread", "event_id": root, "is_falling_back": True,
+                "m.in_reply_to": {"event_id": root}}})
+            await person.until(lambda: len(person.messages(room, bot.user_id)) == 2)
+            reply = person.messages(room, bot.user_id)[1]
+            relation = reply.source["content"]["m.relates_to"]
+            assert reply.body == "[Echo] inside"
+            assert relation["rel_type"] == "m.thread" and relation["event_id"] == root
+            assert relation["m.in_reply_to"]["event_id"] == inside
+            await person.say(room, "main timeline again")
+            await person.until(lambda: len(person.messages(room, bot.user_id)) == 3)
+            assert "m.relates_to" not in person.messages(room, bot.user_id)[2].source["content"]
+    run(scenario())
+
+
+# -- who may talk ----------------------------------------------------------------------
+
+def test_a_strangers_invite_is_declined_and_their_words_never_reach_the_kernel(
+        homeserver, home, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    bot, owner, stranger = accounts(homeserver, "bot", "owner", "stranger")
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner, stranger) as (person, other):
+            theirs = await other.create_room([bot.user_id], encrypted=True)
+            group = await person.create_room([bot.user_id], encrypted=False, public=True)
+            async with bridge(home, homeserver, bot, [owner.user_id],
+                              groups=[group]) as (running, kernel):
+                await other.until(lambda: other.membership(theirs, bot.user_id) == "leave")
+                await joined(person, group, bot.user_id)
+                assert not hasattr(await other.client.join(group), "status_code")
+                await other.until(lambda: other.membership(group, stranger.user_id) == "join")
+                await person.until(lambda: person.membership(group, stranger.user_id) == "join")
+                await other.say(group, f"{bot.user_id} secret stranger words")
+                await person.say(group, "no mention, no answer")
+                await person.say(group, f"{bot.user_id.split(':')[0][1:]}: hello")
+                await person.until(lambda: person.messages(group, bot.user_id))
+                assert person.bodies(group, bot.user_id) == [
+                    f"[Echo] {bot.user_id.split(':')[0][1:]}: hello"]
+                assert running.gate.counts["group-stranger"] == 1
+                assert running.gate.counts["group-not-addressed"] == 1
+                assert bot.user_id not in {user for user in
+                                           running.platform.client.rooms.get(theirs, {})}
+    run(scenario())
+    assert "secret stranger words" not in caplog.text
+
+
+# -- approvals, limits, keys ---------------------------------------------------------
+
+SHELL = '(:type :REQUEST :target :shell :cmd ("echo" "approved-run"))'
+
+
+def test_an_approval_by_reaction_runs_the_action(homeserver, home, tmp_path):
+    bot, owner = accounts(homeserver, "bot", "owner")
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner) as (person,), \
+                bridge(home, homeserver, bot, [owner.user_id], backend=script(tmp_path, SHELL),
+                       owners={"matrix:*": "developer"}):
+            room = await person.create_room([bot.user_id], encrypted=True)
+            await joined(person, room, bot.user_id)
+            await person.say(room, "run it")
+            asked = await person.until(lambda: [m for m in person.messages(room, bot.user_id)
+                                                if APPROVAL_HINT in m.body])
+            assert "echo approved-run" in asked[0].body
+            await person.until(lambda: len(reactions(person, asked[0].event_id)) == 2)
+            await person.react(room, asked[0].event_id, "👍")   # not an answer: ignored
+            await person.react(room, asked[0].event_id, "✅")
+            await person.until(lambda: any("Shell: echo approved-run" in body for body in
+                                           person.bodies(room, bot.user_id)))
+            await person.until(lambda: edits(person, asked[0].event_id))
+            assert "Approval approved." in edits(person, asked[0].event_id)[0]
+    run(scenario())
+
+
+def reactions(person: Person, event_id: str) -> list[str]:
+    return [e.source["content"]["m.relates_to"]["key"] for _, e in person.events
+            if e.source.get("type") == "m.reaction"
+            and e.source["content"]["m.relates_to"]["event_id"] == event_id]
+
+
+def edits(person: Person, event_id: str) -> list[str]:
+    return [e.source["content"]["m.new_content"]["body"] for _, e in person.events
+            if e.source.get("content", {}).get("m.relates_to", {}).get("event_id") == event_id
+            and e.source["content"]["m.relates_to"].get("rel_type") == "m.replace"]
+
+
+def test_m_limit_exceeded_is_honoured(homeserver, home, tmp_path):
+    admin, bot, owner = accounts(homeserver, "admin", "bot", "owner")
+    homeserver.request("PUT", f"/_synapse/admin/v2/users/{admin.user_id}", {"admin": True},
+                       token=homeserver.register(f"root{next(_names)}", admin=True).access_token)
+    homeserver.override_ratelimit(admin, bot.user_id, per_second=1, burst=1)
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner) as (person,), \
+                bridge(home, homeserver, bot, [owner.user_id]) as (running, _):
+            room = await person.create_room([bot.user_id], encrypted=False)
+            await joined(person, room, bot.user_id)
+            platform = running.platform
+            await until(lambda: room in platform.client.rooms)
+            with pytest.raises(RetryAfter) as limited:
+                for index in range(5):   # one message a second, a burst of one
+                    await platform.send(room, "", f"quick {index}")
+            assert 0 < limited.value.seconds <= 2
+            await running.actuator.deliver(room, "after the wait")
+            await person.until(lambda: "after the wait" in person.bodies(room, bot.user_id))
+    run(scenario())
+
+
+def test_an_undecryptable_message_gets_a_key_request_and_a_notice(homeserver, home, tmp_path):
+    bot, owner = accounts(homeserver, "bot", "owner")
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner) as (person,), \
+                bridge(home, homeserver, bot, [owner.user_id]) as (running, _):
+            room = await person.create_room([bot.user_id], encrypted=True)
+            await joined(person, room, bot.user_id)
+            devices = await person.until(lambda: list(
+                person.client.device_store.active_user_devices(bot.user_id)))
+            for device in devices:
+                person.client.blacklist_device(device)    # the bot gets no key
+            await person.say(room, "you cannot read this")
+            notice = await person.until(lambda: person.messages(room, bot.user_id))
+            assert isinstance(notice[0], RoomMessageNotice) and notice[0].decrypted
+            assert notice[0].body == UNDECRYPTABLE
+            await person.until(lambda: [e for e in person.to_device
+                                        if e.source.get("type") == "m.room_key_request"])
+    run(scenario())
+
+
+def test_verified_trust_answers_only_listed_devices(homeserver, home, tmp_path):
+    bot, owner = accounts(homeserver, "bot", "owner")
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner, owner) as (phone, laptop):
+            key = phone.client.olm.account.identity_keys["ed25519"]
+            spaced = " ".join(key[i:i + 4] for i in range(0, len(key), 4))   # as clients show it
+            room = await phone.create_room([bot.user_id], encrypted=True)
+            async with bridge(home, homeserver, bot, [owner.user_id], trust="verified",
+                              verified_devices={owner.user_id: {phone.client.device_id: spaced}}):
+                await joined(phone, room, bot.user_id)
+                await laptop.until(lambda: room in laptop.client.rooms)
+                await laptop.say(room, "from the unlisted laptop")
+                notice = await phone.until(lambda: phone.messages(room, bot.user_id))
+                assert notice[0].body == UNTRUSTED
+                await phone.say(room, "from the listed phone")
+                await phone.until(lambda: len(phone.messages(room, bot.user_id)) == 2)
+                assert phone.bodies(room, bot.user_id)[1] == "[Echo] from the listed phone"
+                await laptop.until(lambda: len(laptop.messages(room, bot.user_id)) == 2)
+                assert all(isinstance(m, MegolmEvent)   # the laptop gets no key to them
+                           for m in laptop.messages(room, bot.user_id))
+                plain = await phone.create_room([bot.user_id], encrypted=False)
+                await joined(phone, plain, bot.user_id)
+                await phone.say(plain, "in the clear")
+                await phone.until(lambda: phone.messages(plain, bot.user_id))
+                assert phone.bodies(plain, bot.user_id) == [ENCRYPTED_ONLY]
+    run(scenario())
+
+
+# -- durability, login, doctor -----------------------------------------------------------
+
+def test_a_message_fetched_but_not_acknowledged_comes_back_with_its_position(
+        homeserver, tmp_path):
+    bot, owner = accounts(homeserver, "bot", "owner")
+    settings = MatrixSettings(enabled=True, homeserver=homeserver.url, user_id=bot.user_id,
+                              allow=[owner.user_id], poll_timeout=1)
+    state = tmp_path / "state"
+
+    async def fetch_until(platform, predicate):
+        for _ in range(30):
+            items = await platform.fetch()
+            if predicate(items):
+                return items
+        raise AssertionError("nothing came")
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner) as (person,):
+            room = await person.create_room([bot.user_id], encrypted=True)
+            first = MatrixPlatform(settings, bot.password, state, password=True)
+            await first.start()
+            await fetch_until(first, lambda _: room in first.client.rooms)
+            await first.acknowledge()
+            await joined(person, room, bot.user_id)
+            await person.say(room, "keep me")
+            got = await fetch_until(first, lambda items: items)
+            await first.stop()                      # a crash: fetched, never acknowledged
+            again = MatrixPlatform(settings, bot.password, state, password=True)
+            await again.start()
+            redelivered = await fetch_until(again, lambda items: items)
+            await again.acknowledge()
+            await person.say(room, "and then me")
+            later = await fetch_until(again, lambda items: items)
+            await again.stop()
+            return got, redelivered, later
+    got, redelivered, later = asyncio.run(asyncio.wait_for(scenario(), MODULE_DEADLINE))
+    assert [m.text for m in got] == ["keep me"] and redelivered == got
+    assert [m.text for m in later] == ["and then me"] and later[0].position > got[0].position
+
+
+def test_logins_by_token_and_by_password_and_the_doctor_check(homeserver, home, monkeypatch):
+    bot, = accounts(homeserver, "bot")
+    settings = MatrixSettings(enabled=True, homeserver=homeserver.url, user_id=bot.user_id)
+    monkeypatch.delenv(settings.token_env, raising=False)
+    monkeypatch.delenv(settings.password_env, raising=False)
+
+    def check():
+        return asyncio.run(asyncio.wait_for(check_bridge("matrix", settings, home=home), 60))
+    works, found, _ = check()
+    assert not works and found == ("$OPENCORTEX_MATRIX_TOKEN or $OPENCORTEX_MATRIX_PASSWORD "
+                                   "is not set")
+    monkeypatch.setenv(settings.password_env, "wrong")
+    works, found, _ = check()
+    assert not works and "refused the login" in found and "wrong" not in found
+    monkeypatch.setenv(settings.password_env, bot.password)
+    assert check() == (True, f"connected as {bot.user_id}", "")
+    kept = MatrixState(home / "bridges" / "matrix")
+    device = kept.get("device_id")
+    kept.put(access_token="revoked-token")         # the server no longer knows it
+    kept.close()
+    assert check() == (True, f"connected as {bot.user_id}", "")
+    kept = MatrixState(home / "bridges" / "matrix")
+    assert kept.get("device_id") == device and kept.get("access_token") != "revoked-token"
+    kept.close()
+    monkeypatch.setenv(settings.token_env, bot.access_token)   # a token wins over a password
+    assert check() == (True, f"connected as {bot.user_id}", "")
+    monkeypatch.setenv(settings.token_env, "not-a-token")
+    works, found, _ = check()
+    assert not works and "no longer accepts the access token" in found
