@@ -6,6 +6,7 @@ plays Emacs so each server rule can be checked directly.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import stat
@@ -26,6 +27,7 @@ class Kernel:
 
     def __init__(self, home: Path, runtime: Path, *args: str, **env: str):
         self.runtime = runtime
+        self.home = home
         self.process = subprocess.Popen(
             [sys.executable, "-m", "opencortex", "serve", "--home", str(home), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -36,7 +38,8 @@ class Kernel:
 
     @property
     def connection_file(self) -> Path:
-        return self.runtime / "opencortex" / "kernel.json"
+        digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:16]
+        return self.runtime / "opencortex" / f"kernel-{digest}.json"
 
     def secret(self) -> str:
         return json.loads(self.connection_file.read_text())["secret"]
@@ -44,7 +47,7 @@ class Kernel:
     def stop(self) -> int:
         self.process.terminate()
         try:
-            return self.process.wait(timeout=10)
+            return self.process.wait(timeout=30)   # turns in flight get [stop_grace] to finish
         finally:
             if self.process.poll() is None:
                 self.process.kill()
@@ -84,6 +87,10 @@ class FakeEmacs:
         raise AssertionError(f"{name} called {len(found)} times, expected {count}: {self.calls}")
 
     def close(self):
+        try:   # end the reader with EOF: python-epc's reader fails on a file closed under it
+            self.client.socket.shutdown(socket.SHUT_RD)     # (replies in flight still go)
+        except OSError:
+            pass
         self.client.close()
 
 
@@ -126,17 +133,19 @@ def test_calls_without_the_secret_are_refused_and_do_nothing(start, home):
     kernel, emacs = start(authenticate=False)
     with pytest.raises(Exception, match="not authenticated"):
         emacs.call("send-message", "main", "hello")
-    with pytest.raises(Exception, match="authentication failed"):
-        emacs.call("authenticate", "wrong secret")
     with pytest.raises(Exception, match="not authenticated"):
         emacs.call("status", "main")
+    with pytest.raises(Exception, match="authentication failed"):   # and the connection closes
+        emacs.call("authenticate", "wrong secret")
     assert not (home / "memory" / "emacs").exists()
 
 
-def test_secret_from_the_environment_is_not_inherited_and_no_file_is_written(start, tmp_path):
+def test_a_secret_from_emacs_is_used_and_the_home_connection_file_names_the_kernel(start):
     kernel, emacs = start(authenticate=False, OPENCORTEX_SECRET="s3cret-from-emacs")
     assert emacs.call("authenticate", "s3cret-from-emacs") is True
-    assert not kernel.connection_file.exists()
+    info = json.loads(kernel.connection_file.read_text())      # how a second Emacs finds it
+    assert info["secret"] == "s3cret-from-emacs" and info["pid"] == kernel.process.pid
+    assert stat.S_IMODE(kernel.connection_file.stat().st_mode) == 0o600
 
 
 def test_the_port_listens_on_loopback_only(start):
@@ -250,7 +259,9 @@ def test_approvals_approved_denied_and_timed_out(start, home, tmp_path):
     approval_id, shown = emacs.wait_for("opencortex-ask-approval")[0]
     shown = plist(shown)
     assert shown["argv"] == ["touch", "approved"] and shown["cwd"] == str(work)
-    assert shown["reason"] == "demo"
+    assert shown["model-note"] == "demo" and "reason" not in shown
+    assert shown["title"] == "Run a command" and shown["action-class"] == "shell"
+    assert shown["skill"] == "chat" and "PATH" in shown["env"]
     assert emacs.call("answer-approval", approval_id, "yes") is True
     output = wait_finals(emacs, 1)[0]
     assert "#+begin_example" in output and "exit 0" in output

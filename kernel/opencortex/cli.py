@@ -109,13 +109,28 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--limit", type=_at_least_one, default=10, help="most hits (10)")
     search.add_argument("--json", action="store_true")
     memory_sub.add_parser("reindex", parents=[common], help="rebuild the index from the org files")
+    forget = memory_sub.add_parser("forget", parents=[common],
+                                   help="remove a thread's messages from the archive and index")
+    forget.add_argument("--thread", required=True, help="the thread (CHANNEL:CHAT-ID)")
+    forget.add_argument("--before", help="only messages older than this date (YYYY-MM-DD)")
+    forget.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run as an EPC server for Emacs (prints the port first)")
     serve.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free)")
     serve.add_argument("--connection-file", type=Path,
                        help="where to write port and secret (default: the runtime dir)")
+    serve.add_argument("--ws", type=int, metavar="PORT", dest="ws_port",
+                       help="also serve the ChatEvent wire (WebSocket) on 127.0.0.1:PORT "
+                            "(0: any free port)")
     _backend_options(serve)
+
+    client = sub.add_parser("client", parents=[common],
+                            help="chat with the running kernel over its WebSocket wire")
+    client.add_argument("--url", help="ws://127.0.0.1:PORT (default: the connection file's)")
+    client.add_argument("--connection-file", type=Path,
+                        help="the kernel's connection file (default: the home's)")
+    client.add_argument("--thread", default="wire", help="the conversation, cli:NAME (wire)")
 
     sub.add_parser("doctor", parents=[common], help="what is present and missing, with fixes")
     return parser
@@ -275,6 +290,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
             count = archive.reindex()
         print(f"reindexed {count} messages from {config.memory_dir}")
         return EXIT_OK
+    if args.memory_command == "forget":
+        return _forget(config, args)
     thread = Thread.parse(args.thread) if args.thread else None
     problem = _home_problem(config)
     warnings = [] if problem is None else [
@@ -283,6 +300,31 @@ def cmd_memory(args: argparse.Namespace) -> int:
     with Archive(config.memory_dir, read_only=problem is not None) as archive:
         hits = _unique_hits(archive.search(args.query, thread=thread, limit=2 * args.limit))
     return _print_hits(hits[:args.limit], warnings, args.json)
+
+
+def _forget(config: Config, args: argparse.Namespace) -> int:
+    """`memory forget`: count, confirm (--yes or y/N on the terminal), remove."""
+    from opencortex.memory import Archive
+    from opencortex.memory.retention import count_forgettable, forget, parse_before
+    thread = Thread.parse(args.thread)
+    before = parse_before(args.before) if args.before else None
+    _require_writable_home(config, "forgetting")
+    with Archive(config.memory_dir) as archive:
+        count = count_forgettable(archive, thread, before)
+        if count == 0:
+            print(f"no messages of {thread} to forget")
+            return EXIT_OK
+        if not args.yes:
+            try:
+                answer = input(f"Forget {count} messages of {thread} for good? [y/N] ")
+            except EOFError:            # nobody to ask: no
+                answer = ""
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing was forgotten")
+                return EXIT_FAILED
+        removed = forget(archive, thread, before)
+    print(f"forgot {removed} messages of {thread}")
+    return EXIT_OK
 
 
 def _unique_hits(hits: list[Any]) -> list[Any]:
@@ -306,10 +348,27 @@ def _print_hits(hits: list[Any], warnings: list[str], as_json: bool) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from opencortex.homelock import HomeInUse
     from opencortex.serve import serve
     config = _config_for(args)
     _require_writable_home(config, "serving")
-    return asyncio.run(serve(config, port=args.port, connection_file=args.connection_file))
+    try:
+        return asyncio.run(serve(config, port=args.port, connection_file=args.connection_file,
+                                 ws_port=args.ws_port))
+    except HomeInUse as error:
+        return _fail(str(error))
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    from opencortex.serve import default_connection_file
+    from opencortex.wire_client import WireError, endpoint, run_client
+    config = load_config(args.home)
+    args.connection_file = args.connection_file or default_connection_file(config.home)
+    try:
+        url, token = endpoint(args)
+    except WireError as error:
+        return _fail(str(error))
+    return asyncio.run(run_client(url, token, args.thread))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -326,7 +385,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"chat": cmd_chat, "skills": cmd_skills, "read-action": cmd_read_action,
-            "memory": cmd_memory, "serve": cmd_serve, "doctor": cmd_doctor}
+            "memory": cmd_memory, "serve": cmd_serve, "client": cmd_client,
+            "doctor": cmd_doctor}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

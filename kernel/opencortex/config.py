@@ -21,9 +21,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from opencortex.bridges.settings import BridgesSettings
+from opencortex.budget_settings import BudgetSettings
 from opencortex.conversation.settings import ConversationSettings
 from opencortex.llm.settings import LLMSettings
 from opencortex.problems import describe
+from opencortex.telemetry import TelemetrySettings
 
 
 def _bundled_root() -> Path:
@@ -100,12 +102,15 @@ class Config(BaseModel):
     max_reply_elements: int = Field(default=10_000, ge=100)  # atoms and lists in one reply
     llm_timeout: float = Field(default=120.0, gt=0)
     judge_timeout: float = Field(default=10.0, gt=0)  # reading + judging one reply, seconds
+    stop_grace: float = Field(default=10.0, ge=0)  # seconds turns may take to finish on stop
     chat: ChatSettings = Field(default_factory=ChatSettings)
     shell: ShellSettings = Field(default_factory=ShellSettings)
     emacs: EmacsSettings = Field(default_factory=EmacsSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
     bridges: BridgesSettings = Field(default_factory=BridgesSettings)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
     @property
     def memory_dir(self) -> Path:

@@ -1,6 +1,7 @@
 """The Emacs frontend: what Emacs may call, and how the kernel reaches Emacs.
 
-- `EmacsLink`: the live connection (the latest authenticated one).
+- `EmacsLink`: the authenticated connections; a call goes to the one whose turn
+  it is (the one that sent the message), else to the latest one.
 - `EmacsActuator`: carries out `:target :emacs` actions through specific elisp
   methods (`opencortex-insert`, `opencortex-show-error`); text over the payload
   cap is split, never sent as one oversized frame.
@@ -20,7 +21,7 @@ from typing import Any
 from opencortex.actions import Action, EmacsInsert
 from opencortex.actuators import ActuatorError, MessageActuator, Outcome
 from opencortex.approvals import ApprovalBook, ApprovalDecision, ApprovalRequest, Approver
-from opencortex.epc import KernelConnection
+from opencortex.epc import KernelConnection, current_connection
 from opencortex.events import Event, EventError, Thread, chat_message
 from opencortex.kernel import Kernel
 from opencortex.turn import TurnObserver, TurnResult, new_turn_id
@@ -30,28 +31,47 @@ log = logging.getLogger(__name__)
 
 
 class EmacsLink:
-    """The connection to Emacs, if any."""
+    """The authenticated Emacs connections, oldest first (on the kernel's loop)."""
 
     def __init__(self, call_timeout: float = 10.0):
-        self.connection: KernelConnection | None = None
+        self.connections: list[KernelConnection] = []
         self.call_timeout = call_timeout
         self.relays: dict[Thread, "StreamRelay"] = {}
 
     def connected(self, connection: KernelConnection) -> None:
-        self.connection = connection
+        if connection not in self.connections:
+            self.connections.append(connection)
+
+    def disconnected(self, connection: KernelConnection) -> None:
+        if connection in self.connections:
+            self.connections.remove(connection)
+
+    @property
+    def connection(self) -> KernelConnection | None:
+        """Where a call goes: the connection of the running method or turn (even when it
+        has closed: its turn's words go nowhere else), else the latest live one."""
+        own = current_connection.get()
+        if own is not None:
+            return own
+        live = [c for c in self.connections if c.alive]
+        return live[-1] if live else None
 
     async def call(self, method: str, *args: Any) -> Any:
-        if self.connection is None:
+        connection = self.connection
+        if connection is None:
             raise ActuatorError("Emacs is not connected; run M-x opencortex-chat")
+        if connection.closed:
+            raise ActuatorError("the Emacs connection this message came from has closed")
         try:
-            return await self.connection.call(method, list(args), self.call_timeout)
+            return await connection.call(method, list(args), self.call_timeout)
         except (ConnectionError, OSError, RuntimeError, asyncio.TimeoutError) as error:
             raise ActuatorError(f"Emacs did not take {method}: {type(error).__name__}") from error
 
     def notify(self, method: str, *args: Any) -> None:
-        if self.connection is not None:
+        connection = self.connection
+        if connection is not None and not connection.closed:
             try:
-                self.connection.notify(method, list(args))
+                connection.notify(method, list(args))
             except (ConnectionError, OSError, ValueError):
                 log.info("Emacs is gone; %s not sent", method)
 
@@ -164,8 +184,7 @@ class EmacsApprover(Approver):
         self.book = book
 
     async def ask(self, request: ApprovalRequest) -> ApprovalDecision:
-        shown = {"command": request.command, "argv": list(request.argv), "cwd": request.cwd,
-                 "reason": request.reason, "timeout": request.timeout}
+        shown = request.facts()  # kernel facts; the model's words only as :model-note
         self.book.open(request)
         try:
             await self.link.call("opencortex-ask-approval", request.id, shown)
@@ -189,7 +208,8 @@ class EmacsService:
     def methods(self) -> dict[str, Any]:
         return {"send-message": self.send_message, "abort-turn": self.abort_turn,
                 "slash-command": self.slash_command, "answer-approval": self.answer_approval,
-                "status": self.status, "reload-skills": self.reload_skills}
+                "status": self.status, "reload-skills": self.reload_skills,
+                "branches": self.branches}
 
     async def send_message(self, chat_id: str, text: str) -> dict[str, Any]:
         """Acknowledge at once; the turn runs in the background and streams into Emacs."""
@@ -262,3 +282,9 @@ class EmacsService:
         if word == "/help":
             answer += "\n/reload — reload skills from disk\n/status — this chat's status line"
         return {"text": answer}
+
+    async def branches(self, chat_id: str) -> list[dict[str, Any]]:
+        """The branches of this chat's thread, for `opencortex-switch-branch`: each a dict
+        with "name", "head_turn", "turns" and "current"."""
+        conversation = await self.kernel.conversations.open(Thread("emacs", chat_id))
+        return conversation.log.branch_summaries()

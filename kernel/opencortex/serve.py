@@ -1,29 +1,47 @@
-"""`opencortex serve`: the kernel as an EPC server for Emacs.
+"""`opencortex serve`: the long-lived kernel of one home, and the frontends it serves.
 
-The first line on stdout is the port, and nothing is printed before it.  The
+It takes the home's lock first (`homelock`: a second kernel on the same home is
+refused, naming the running one), then serves Emacs over EPC, the bridges the
+configuration enables, and with `--ws PORT` the ChatEvent wire.
+
+The first line on stdout is the EPC port, and nothing is printed before it.  The
 secret comes from `$OPENCORTEX_SECRET` when Emacs starts the kernel (and is then
-removed from the environment, so no child process inherits it); a kernel started
-on its own makes one and writes `{"port", "secret", "pid"}` to a connection file
-readable only by the user, removed again on exit.
+removed from the environment, so no child process inherits it, and hidden from
+/proc/<pid>/environ with the provider keys: see `environ_scrub`), else the
+kernel makes one.  Either way it writes `{"port", "secret", "pid", "home"}` (and
+`ws_port`, `ws_token` with the wire) to the home's connection file,
+`kernel-<hash of the home>.json` in a runtime directory only the user can enter
+and write (refused otherwise), removed again on exit: that is how Emacs and
+`opencortex client` find a kernel already running for their home.
+
+SIGTERM, SIGINT and SIGHUP stop it gracefully: the bridges stop fetching, turns
+in flight get `stop_grace` seconds to finish, what the bridges have not handled
+stays in their inboxes, then everything closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import secrets
 import signal
+import stat
 import sys
 import threading
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from opencortex.approvals import ApprovalBook
+from opencortex.bridges.runner import build_bridges, run_bridges
 from opencortex.config import Config
 from opencortex.emacs import EmacsActuator, EmacsApprover, EmacsLink, EmacsService
+from opencortex.environ_scrub import scrub_process_environment
 from opencortex.epc import KernelEpcServer
+from opencortex.homelock import HomeLock
+from opencortex.kernel import Kernel
 from opencortex.llm import Backend
 from opencortex.runtime import build_kernel
 
@@ -35,63 +53,147 @@ def runtime_dir() -> Path:
     return Path(base) / "opencortex" if base else Path(f"/tmp/opencortex-{os.getuid()}")
 
 
-def default_connection_file() -> Path:
-    return runtime_dir() / "kernel.json"
+def default_connection_file(home: Path | None = None) -> Path:
+    """The connection file of the kernel of HOME (default: the default home)."""
+    from opencortex.config import default_home
+    resolved = str(Path(home or default_home()).expanduser().resolve())
+    return runtime_dir() / f"kernel-{hashlib.sha256(resolved.encode()).hexdigest()[:16]}.json"
 
 
-def write_connection_file(path: Path, port: int, secret: str) -> None:
-    """Write the connection file with mode 0600 (its directory 0700), atomically."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+class UnsafeDirectory(ValueError):
+    """The connection file's directory could be read or changed by someone else."""
+
+
+def private_directory(path: Path) -> Path:
+    """PATH as a directory only this user can change: created 0700 when missing;
+    UnsafeDirectory when it is a symlink, belongs to someone else, or is writable
+    by group or others (someone could swap the connection file there)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise UnsafeDirectory(f"{path} is not a plain directory (a symlink?); remove it, "
+                              "or set XDG_RUNTIME_DIR to a directory of your own")
+    if info.st_uid != os.getuid():
+        raise UnsafeDirectory(f"{path} belongs to another user (uid {info.st_uid}); remove "
+                              "it, or set XDG_RUNTIME_DIR to a directory of your own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeDirectory(f"{path} is writable by group or others (mode "
+                              f"{stat.S_IMODE(info.st_mode):o}); if it is yours, run: chmod "
+                              f"700 {path}; else use a directory only you can write")
+    return path
+
+
+def write_connection_file(path: Path, port: int, secret: str, **more: Any) -> None:
+    """Write the connection file with mode 0600 in a private directory, atomically."""
+    private_directory(path.parent)
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:
-        json.dump({"port": port, "secret": secret, "pid": os.getpid()}, handle)
+        json.dump({"port": port, "secret": secret, "pid": os.getpid(), **more}, handle)
     os.replace(temporary, path)
 
 
-async def serve(config: Config, *, port: int = 0, connection_file: Path | None = None,
-                stdout: TextIO = sys.stdout, backend: Backend | None = None,
-                stop: asyncio.Event | None = None) -> int:
-    """Run until SIGTERM, SIGINT or SIGHUP (or until STOP is set, when given)."""
-    given = os.environ.pop("OPENCORTEX_SECRET", None)
-    secret = given or secrets.token_hex(32)
-    loop = asyncio.get_running_loop()
-    kernel = build_kernel(config, stream=sys.stderr, backend=backend)
-    link, book = EmacsLink(config.emacs.call_timeout), ApprovalBook()
-    actuator = EmacsActuator(link, config.emacs.max_payload_bytes)
+def emacs_frontend(config: Config, kernel: Kernel, loop: asyncio.AbstractEventLoop,
+                   secret: str, port: int) -> tuple[EmacsService, KernelEpcServer]:
+    """Wire KERNEL to Emacs: actuator, approver, the methods, and the EPC server on PORT."""
+    settings = config.emacs
+    link, book = EmacsLink(settings.call_timeout), ApprovalBook()
+    actuator = EmacsActuator(link, settings.max_payload_bytes)
     kernel.actuators.register(actuator)
     kernel.approvers["emacs"] = EmacsApprover(link, book)
     service = EmacsService(kernel, link, book, actuator.piece_bytes)
     server = KernelEpcServer(loop, secret, service.methods(), port=port,
-                             max_payload_bytes=config.emacs.max_payload_bytes,
-                             on_connect=link.connected)
-    written = None
-    if given is None or connection_file is not None:
-        written = connection_file or default_connection_file()
-        write_connection_file(written, server.port, secret)
+                             max_payload_bytes=settings.max_payload_bytes,
+                             max_connections=settings.max_connections,
+                             auth_timeout=settings.auth_timeout,
+                             on_connect=link.connected, on_disconnect=link.disconnected)
+    return service, server
+
+
+async def serve(config: Config, *, port: int = 0, connection_file: Path | None = None,
+                stdout: TextIO = sys.stdout, backend: Backend | None = None,
+                stop: asyncio.Event | None = None, ws_port: int | None = None) -> int:
+    """Run until SIGTERM, SIGINT or SIGHUP (or until STOP is set, when given).
+    HomeInUse when another kernel runs on this home."""
+    given = os.environ.pop("OPENCORTEX_SECRET", None)
+    given_ws = os.environ.pop("OPENCORTEX_WS_TOKEN", None)
+    scrub_process_environment()
+    lock = HomeLock(config.home)
+    try:
+        return await _serve_locked(config, lock, port=port, stdout=stdout, backend=backend,
+                                   stop=stop, ws_port=ws_port,
+                                   secret=given or secrets.token_hex(32),
+                                   ws_token=given_ws or secrets.token_hex(32),
+                                   written=connection_file or
+                                   default_connection_file(config.home))
+    finally:
+        lock.release()
+
+
+async def _serve_locked(config: Config, lock: HomeLock, *, port: int, stdout: TextIO,
+                        backend: Backend | None, stop: asyncio.Event | None,
+                        ws_port: int | None, secret: str, ws_token: str,
+                        written: Path) -> int:
+    private_directory(written.parent)                  # refused before anything starts
+    loop = asyncio.get_running_loop()
+    kernel = build_kernel(config, stream=sys.stderr, backend=backend)
+    service, server = emacs_frontend(config, kernel, loop, secret, port)
+    wire = await _start_wire(kernel, ws_port, ws_token) if ws_port is not None else None
+    extra = {"ws_port": wire.port, "ws_token": ws_token} if wire is not None else {}
+    write_connection_file(written, server.port, secret, home=str(config.home), **extra)
+    lock.record(port=server.port, connection_file=str(written))
     stdout.write(f"{server.port}\n")
     stdout.flush()
-    for error in kernel.skills.errors:
-        print(f"warning: {error}", file=sys.stderr)
-    if kernel.backend.warning:
-        print(f"warning: {kernel.backend.warning}", file=sys.stderr)
+    _warn_at_start(kernel)
+    bridges, problems = build_bridges(config, kernel)
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
     if stop is None:
         stop = asyncio.Event()
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(number, stop.set)
+    bridging = run_bridges(bridges, stop)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                               daemon=True, name="opencortex-epc")
     thread.start()
     try:
         await stop.wait()
     finally:
+        await _finish_turns(service, bridging, config.stop_grace)
         server.shutdown()
         server.server_close()
-        for tasks in list(service.running.values()):
-            for task in tasks:
-                task.cancel()
+        if wire is not None:
+            await wire.close()
         await kernel.aclose()
-        if written is not None:
-            written.unlink(missing_ok=True)
+        written.unlink(missing_ok=True)
         log.info("kernel stopped")
     return 0
+
+
+async def _start_wire(kernel: Kernel, port: int, token: str) -> Any:
+    """The ChatEvent wire on 127.0.0.1:PORT (the `wire` extra: websockets)."""
+    from opencortex.wire import start_wire
+    return await start_wire(kernel, port=port, token=token)
+
+
+def _warn_at_start(kernel: Kernel) -> None:
+    for error in kernel.skills.errors:
+        print(f"warning: {error}", file=sys.stderr)
+    if kernel.backend.warning:
+        print(f"warning: {kernel.backend.warning}", file=sys.stderr)
+
+
+async def _finish_turns(service: EmacsService, bridging: list[asyncio.Task[None]],
+                        grace: float) -> None:
+    """Let turns in flight finish within GRACE seconds (the bridges, told to stop, end
+    their own); cancel what is left (a cancelled turn archives nothing)."""
+    turns = [task for tasks in service.running.values() for task in tasks if not task.done()]
+    waiting = turns + [task for task in bridging if not task.done()]
+    if waiting:
+        _, late = await asyncio.wait(waiting, timeout=grace)
+        for task in late:
+            task.cancel()
+        if late:
+            log.warning("%d turn(s) did not finish within %g s and were cancelled",
+                        len(late), grace)
+            await asyncio.wait(late, timeout=5)
