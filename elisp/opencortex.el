@@ -27,8 +27,9 @@
 
 ;;; Commentary:
 
-;; M-x opencortex-chat starts the opencortex kernel (`opencortex serve'),
-;; connects to it over EPC and opens the *opencortex-chat* buffer.  Type below
+;; M-x opencortex-chat connects over EPC to the opencortex kernel running
+;; for `opencortex-home', starting one (`opencortex serve') only when none
+;; runs there, and opens the *opencortex-chat* buffer.  Type below
 ;; the prompt and press C-c RET; the reply streams in as an org subtree.
 ;; C-h m in that buffer lists its commands.
 ;;
@@ -36,9 +37,11 @@
 ;; installation these files came with (a source checkout's .venv, or the
 ;; installation of the wheel that ships them), else `opencortex' on
 ;; `exec-path', else "python3 -m opencortex".  Set `opencortex-program'
-;; when it should run another one.  M-x opencortex-connect reaches a
-;; kernel started on its own (`opencortex serve') through its connection
-;; file instead.
+;; when it should run another one.  Exactly one kernel runs per home:
+;; every kernel writes a connection file for its home, and Emacs connects
+;; to the kernel it names instead of starting a second one (a kernel
+;; Emacs did not start, Emacs never stops or restarts).  M-x
+;; opencortex-connect reaches a kernel through a connection file you name.
 ;;
 ;; Files: opencortex-connection.el (the kernel process and the EPC
 ;; connection), opencortex-chat.el (the buffer, output, header line),
@@ -60,9 +63,10 @@
 
 (defcustom opencortex-connection-file nil
   "Connection file of a kernel started on its own, read by `opencortex-connect'.
-nil means $XDG_RUNTIME_DIR/opencortex/kernel.json, or
-/tmp/opencortex-UID/kernel.json without XDG_RUNTIME_DIR."
-  :type '(choice (const :tag "Default" nil) file)
+nil means the file of the kernel running for `opencortex-home':
+kernel-HASH.json in $XDG_RUNTIME_DIR/opencortex, or in
+/tmp/opencortex-UID without XDG_RUNTIME_DIR."
+  :type '(choice (const :tag "The kernel of `opencortex-home'" nil) file)
   :group 'opencortex)
 
 (defcustom opencortex-wait-timeout 30
@@ -74,28 +78,9 @@ Commands that need the kernel's answer before they go on (the branches
 
 ;;;; Connection files
 
-(defun opencortex--read-connection-file (file)
-  "The port and secret in the connection FILE, as (PORT . SECRET)."
-  (unless (file-readable-p file)
-    (user-error "No kernel connection file %s: start one with `opencortex serve', or use M-x opencortex-chat"
-                file))
-  (unless (zerop (logand (file-modes file) #o077))
-    (user-error "The connection file %s is readable by others; refusing it (chmod 600)" file))
-  (let* ((json-object-type 'alist)
-         (data (json-read-file file))
-         (port (alist-get 'port data))
-         (secret (alist-get 'secret data)))
-    (unless (and (integerp port) (stringp secret))
-      (user-error "The connection file %s has no port and secret" file))
-    (cons port secret)))
-
 (defun opencortex--default-connection-file ()
-  "Where a kernel started on its own writes its connection file."
-  (or opencortex-connection-file
-      (let ((runtime (getenv "XDG_RUNTIME_DIR")))
-        (if (and runtime (not (string-empty-p runtime)))
-            (expand-file-name "opencortex/kernel.json" runtime)
-          (format "/tmp/opencortex-%d/kernel.json" (user-uid))))))
+  "Return the connection file for `opencortex-connect' without an argument."
+  (or opencortex-connection-file (opencortex--home-connection-file)))
 
 ;;;; Waiting (for tests and scripts)
 
@@ -127,7 +112,7 @@ Return t when idle, nil when TIMEOUT seconds (default
   (and (opencortex-wait-for (lambda () (not (opencortex--busy-p))) timeout) t))
 
 (defun opencortex-kernel-process ()
-  "The kernel process Emacs started, or nil."
+  "The kernel process Emacs started, or nil (also when connected to another's)."
   (let ((conn opencortex--connection))
     (and conn (opencortex--connection-process conn))))
 
@@ -135,48 +120,59 @@ Return t when idle, nil when TIMEOUT seconds (default
 
 ;;;###autoload
 (defun opencortex-chat ()
-  "Open the chat buffer, starting the kernel when it is not running."
+  "Open the chat buffer, connected to the kernel of `opencortex-home'.
+Exactly one kernel runs per home: when one already runs there (its
+connection file names a live process), Emacs connects to it; only when
+none runs does Emacs start one.  A kernel Emacs did not start, Emacs
+never stops or restarts."
   (interactive)
   (let ((buffer (opencortex--chat-buffer)))
     (unless (opencortex--live-p opencortex--connection)
-      (opencortex--start-kernel))
+      (opencortex--connect-or-start))
     (pop-to-buffer-same-window buffer)
     buffer))
 
 ;;;###autoload
 (defun opencortex-connect (&optional file)
   "Connect to a kernel started on its own, through its connection FILE.
-FILE defaults to `opencortex-connection-file' or the runtime directory."
+FILE defaults to `opencortex-connection-file', else the connection file
+of the kernel running for `opencortex-home'."
   (interactive)
-  (let* ((file (or file (opencortex--default-connection-file)))
-         (port-and-secret (opencortex--read-connection-file file))
-         (conn (opencortex--make-connection :secret (cdr port-and-secret))))
+  (let ((kernel (opencortex--read-connection-file
+                 (or file (opencortex--default-connection-file)))))
     (when (opencortex--live-p opencortex--connection)
       (opencortex--shutdown opencortex--connection))
-    (setq opencortex--connection conn)
-    (opencortex--set-state conn 'starting)
-    (add-hook 'kill-emacs-hook #'opencortex--stop-on-exit)
-    (opencortex--attach conn (car port-and-secret))
-    (when (called-interactively-p 'any)
-      (pop-to-buffer-same-window (opencortex--chat-buffer)))
-    conn))
+    (let ((conn (opencortex--connect-kernel kernel)))
+      (when (called-interactively-p 'any)
+        (pop-to-buffer-same-window (opencortex--chat-buffer)))
+      conn)))
 
 (defun opencortex-stop ()
-  "Stop the kernel Emacs started (or disconnect from one it connected to)."
+  "Stop the kernel Emacs started, or disconnect from one it did not start."
   (interactive)
   (when (timerp opencortex--restart-timer)
     (cancel-timer opencortex--restart-timer)
     (setq opencortex--restart-timer nil))
   (setq opencortex--auto-restarts 0)
-  (when (opencortex--live-p opencortex--connection)
-    (opencortex--shutdown opencortex--connection)
-    (message "opencortex: kernel stopped")))
+  (let ((conn opencortex--connection))
+    (when (opencortex--live-p conn)
+      (opencortex--shutdown conn)
+      (if (opencortex--connection-process conn)
+          (message "opencortex: kernel stopped")
+        (message "opencortex: disconnected; the kernel%s keeps running"
+                 (opencortex--home-words conn))))))
 
 (defun opencortex-restart ()
-  "Stop the kernel and start a new one."
+  "Stop the kernel Emacs started and start a new one.
+A kernel Emacs did not start is not Emacs's to restart: Emacs
+disconnects and connects to the kernel running for the home again (and
+starts one only when none runs)."
   (interactive)
-  (opencortex-stop)
-  (opencortex--start-kernel))
+  (let ((started (opencortex-kernel-process)))
+    (opencortex-stop)
+    (if started
+        (opencortex--start-kernel)
+      (opencortex--connect-or-start))))
 
 (defun opencortex--slash-command (text &optional from-input)
   "Run the slash command TEXT in the kernel; show it and its answer.
@@ -347,26 +343,6 @@ This runs the slash command /switch NAME."
 
 (defconst opencortex--backends '("auto" "echo" "script" "anthropic" "openai")
   "The backends `opencortex serve --backend' accepts.")
-
-(defun opencortex--with-kernel-option (arguments option value)
-  "ARGUMENTS with OPTION set to VALUE, or left out when VALUE is nil.
-Both \"OPTION VALUE\" and \"OPTION=VALUE\" forms are replaced."
-  (let ((rest arguments) kept)
-    (while rest
-      (cond ((equal (car rest) option) (setq rest (cddr rest)))
-            ((string-prefix-p (concat option "=") (car rest)) (setq rest (cdr rest)))
-            (t (push (pop rest) kept))))
-    (append (nreverse kept) (and value (list option value)))))
-
-(defun opencortex--kernel-option (option)
-  "The value of OPTION in `opencortex-kernel-arguments', or nil."
-  (let ((rest opencortex-kernel-arguments) value)
-    (while rest
-      (cond ((equal (car rest) option) (setq value (cadr rest) rest (cddr rest)))
-            ((string-prefix-p (concat option "=") (car rest))
-             (setq value (substring (car rest) (1+ (length option))) rest (cdr rest)))
-            (t (setq rest (cdr rest)))))
-    value))
 
 (defun opencortex--apply-kernel-option (option value)
   "Set OPTION to VALUE in `opencortex-kernel-arguments'; say when it will apply.

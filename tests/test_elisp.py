@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(shutil.which("emacs") is None,
 
 KERNEL_STAND_IN = r'''
 """Speaks the kernel's EPC methods for the elisp tests; started as `... serve ARGS`."""
-import json, os, secrets, sys, threading, uuid
+import json, os, secrets, sys, threading, time, uuid
 from epc.server import ThreadingEPCServer
 
 args = sys.argv[1:]
@@ -36,6 +36,12 @@ assert args[0] == "serve", args
 home = args[args.index("--home") + 1]
 connection_file = args[args.index("--connection-file") + 1] if "--connection-file" in args else None
 refuse = "--refuse" in args
+refused_marker = os.path.join(home, "refused")
+if "--already-running" in args:  # as a kernel does when another one holds its home
+    open(refused_marker, "w").close()
+    print(f"a kernel is already running for {os.path.realpath(home)} (pid 1, EPC port 2); "
+          "connect to it", file=sys.stderr)
+    sys.exit(1)
 secret = os.environ.pop("OPENCORTEX_SECRET", None) or secrets.token_hex(32)
 server = ThreadingEPCServer(("127.0.0.1", 0))
 turns = [0]
@@ -141,11 +147,16 @@ def list_branches(chat_id):
 
 
 server.print_port()
+if connection_file and "--file-after-refusal" in args:  # the race: file written after a refusal
+    for _ in range(3000):
+        if os.path.exists(refused_marker):
+            break
+        time.sleep(0.02)
 if connection_file:
     descriptor = os.open(connection_file + ".tmp", os.O_WRONLY | os.O_CREAT, 0o600)
     with os.fdopen(descriptor, "w") as handle:
-        json.dump({"port": server.server_address[1], "secret": secret, "pid": os.getpid()},
-                  handle)
+        json.dump({"port": server.server_address[1], "secret": secret, "pid": os.getpid(),
+                   "home": os.path.realpath(home)}, handle)
     os.replace(connection_file + ".tmp", connection_file)
 server.serve_forever()
 '''
@@ -185,7 +196,7 @@ def test_byte_compiles_without_warnings(name, tmp_path):
 
 
 def test_ert_buffer_logic():
-    run_ert("(not (tag kernel))", dict(os.environ))
+    run_ert("(not (tag kernel))", dict(os.environ, OPENCORTEX_TEST_PYTHON=sys.executable))
 
 
 def test_ert_with_kernel_stand_in(tmp_path):

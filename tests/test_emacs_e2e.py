@@ -32,7 +32,7 @@ def lisp(value: str) -> str:
 
 PRELUDE = """
 (require 'opencortex)
-(setq opencortex-python-command (list {python} "-m" "opencortex")
+(setq opencortex-program (list {python} "-m" "opencortex")
       opencortex-kernel-arguments (list "--home" {home} {extra})
       opencortex-wait-timeout 60)
 (defun e2e-fail (message)
@@ -185,6 +185,61 @@ def test_kernel_killed_mid_stream_shows_the_error_then_restarts_without_duplicat
     assert "s1 s2" not in archive
 
 
+def test_the_prompt_stays_a_heading_while_a_reply_streams(tmp_path, home):
+    """The streamed preview ends mid-line; it must never run into the prompt line."""
+    slow = emacs_reply("* Slow\n" + " ".join(f"s{i}" for i in range(200)), chunk=4)
+    slow["delay"] = 0.01
+    replies = script(tmp_path / "replies.jsonl", slow)
+    driver = Driver(tmp_path, home, ("--script", str(replies)))
+    buffer = driver.run("""
+(defun e2e-prompt-is-a-heading ()
+  (with-current-buffer "*opencortex-chat*"
+    (save-excursion
+      (goto-char opencortex--input-marker)
+      (forward-line -1)
+      (and (looking-at-p (regexp-quote opencortex-prompt)) (org-at-heading-p)))))
+(opencortex-send "go slowly")
+(unless (opencortex-wait-for (lambda () (e2e-contains "s1 ")) 30) (e2e-fail "no streaming"))
+(when (e2e-contains "s199") (e2e-fail "the reply ended before it could be checked mid-stream"))
+(unless (e2e-prompt-is-a-heading) (e2e-fail "the streamed preview ran into the prompt"))
+(unless (opencortex-wait-idle 60) (e2e-fail "the turn did not end"))
+(unless (e2e-prompt-is-a-heading) (e2e-fail "the prompt is not a heading after the reply"))
+""")
+    assert buffer.count("* Slow\n") == 1
+    assert buffer.endswith("s199\n* Message  (C-c RET sends, C-c C-k aborts)\n")
+
+
+def test_fork_rewind_and_switch_branch_from_emacs(tmp_path, home):
+    """The branch commands reach the real kernel; the switch offers its real branches."""
+    driver = Driver(tmp_path, home)
+    buffer = driver.run("""
+(defun e2e-branch () (plist-get opencortex--status :branch))
+(e2e-send "first on main")
+(e2e-send "second on main")
+(opencortex-fork)
+(unless (opencortex-wait-idle 60) (e2e-fail "/fork did not answer"))
+(let ((fork (e2e-branch)) offered)
+  (when (or (null fork) (equal fork "main")) (e2e-fail (format "after /fork on %S" fork)))
+  (e2e-send "third on the fork")
+  (cl-letf (((symbol-function 'completing-read)
+             (lambda (_prompt collection &rest _) (setq offered collection) "main")))
+    (call-interactively #'opencortex-switch-branch))
+  (unless (equal (sort (copy-sequence offered) #'string<) (sort (list fork "main") #'string<))
+    (e2e-fail (format "offered %S" offered)))
+  (unless (equal (car offered) fork) (e2e-fail "the current branch is not offered first"))
+  (unless (opencortex-wait-idle 60) (e2e-fail "/switch did not answer"))
+  (unless (equal (e2e-branch) "main") (e2e-fail (format "after /switch on %S" (e2e-branch))))
+  (unless (string-search "| branch main |" (opencortex--header-line))
+    (e2e-fail (format "header %S" (opencortex--header-line))))
+  (unless (eql (plist-get opencortex--status :turn) 2) (e2e-fail "main lost a turn"))
+  (opencortex-rewind 1)
+  (unless (opencortex-wait-idle 60) (e2e-fail "/rewind did not answer"))
+  (unless (eql (plist-get opencortex--status :turn) 1) (e2e-fail "/rewind did not rewind")))
+""")
+    assert "* /fork\n" in buffer and "* /switch main\n" in buffer and "* /rewind 1\n" in buffer
+    assert "Error" not in buffer
+
+
 def test_approvals_only_the_approved_command_runs(tmp_path, home):
     work = tmp_path / "work"
     work.mkdir()
@@ -234,7 +289,7 @@ def test_emacs_exits_when_its_terminal_hangs_up_and_the_kernel_stops(tmp_path, h
     startup = tmp_path / "start.el"
     startup.write_text(f"""
 (require 'opencortex)
-(setq opencortex-python-command (list {lisp(sys.executable)} "-m" "opencortex")
+(setq opencortex-program (list {lisp(sys.executable)} "-m" "opencortex")
       opencortex-kernel-arguments (list "--home" {lisp(str(home))}))
 (opencortex-chat)
 (run-with-timer 0.2 0.2
@@ -280,3 +335,158 @@ def test_emacs_exits_when_its_terminal_hangs_up_and_the_kernel_stops(tmp_path, h
             os.waitpid(child, 0)
         except ChildProcessError:
             pass
+
+
+# Exactly one kernel per home: Emacs joins the kernel already running for its home.
+
+JOIN = """
+(require 'opencortex)
+(setq opencortex-program (list {wrapper})
+      opencortex-home {home}
+      opencortex-kernel-arguments nil
+      opencortex-wait-timeout 60)
+(defun e2e-fail (message)
+  (message "E2E-FAIL %s" message)
+  (e2e-dump)
+  (kill-emacs 2))
+(defun e2e-dump ()
+  (with-current-buffer "*opencortex-chat*"
+    (let ((coding-system-for-write 'utf-8))
+      (write-region (point-min) (point-max) {out} nil 'silent))))
+(opencortex-chat)
+(unless (opencortex-wait-idle 60) (e2e-fail "no connection"))
+(unless (eq opencortex--kernel-state 'ready) (e2e-fail (format "state %s" opencortex--kernel-state)))
+(when (opencortex-kernel-process) (e2e-fail "Emacs runs a kernel of its own"))
+(opencortex-send "hello to the running kernel")
+(unless (opencortex-wait-idle 60) (e2e-fail "no answer"))
+(e2e-dump)
+(opencortex-stop)
+(kill-emacs 0)
+"""
+
+
+def connection_file(runtime: Path, home: Path) -> Path:
+    """The kernel's connection file for HOME, computed as the issue specifies it."""
+    import hashlib
+    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:16]
+    return runtime / "opencortex" / f"kernel-{digest}.json"
+
+
+class KernelOnItsOwn:
+    """`opencortex serve --home HOME` started from a shell (no $OPENCORTEX_SECRET)."""
+
+    def __init__(self, tmp_path: Path, home: Path, runtime: Path):
+        env = cli_env(home, XDG_RUNTIME_DIR=str(runtime))
+        env.pop("OPENCORTEX_SECRET", None)
+        self.stderr = (tmp_path / "kernel.err").open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "opencortex", "serve", "--home", str(home)], env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        self.file = connection_file(runtime, home)
+
+    def wait_ready(self) -> None:
+        import select
+        deadline = time.monotonic() + 60
+        while not select.select([self.process.stdout], [], [], 0.05)[0]:
+            assert self.process.poll() is None and time.monotonic() < deadline, \
+                "the kernel printed no port"
+        assert self.process.stdout.readline().strip().isdigit()
+        while not self.file.exists():
+            assert time.monotonic() < deadline, f"no connection file {self.file}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+        self.process.stdout.close()
+        self.stderr.close()
+
+
+def join_driver(tmp_path: Path, home_for_emacs: str) -> tuple[Path, Path, Path]:
+    """The elisp driver, the wrapper Emacs would start a kernel with, and its log."""
+    log = tmp_path / "starts.log"
+    wrapper = tmp_path / "opencortex-wrapper"
+    wrapper.write_text(f'#!/bin/sh\necho "$$" >> "{log}"\n'
+                       f'exec "{sys.executable}" -m opencortex "$@"\n')
+    wrapper.chmod(0o755)
+    out = tmp_path / "buffer.org"
+    driver = tmp_path / "join.el"
+    driver.write_text(JOIN.format(wrapper=lisp(str(wrapper)), home=lisp(home_for_emacs),
+                                  out=lisp(str(out))), encoding="utf-8")
+    return driver, log, out
+
+
+def check_joined(kernel: KernelOnItsOwn, home: Path, buffer: str) -> None:
+    """Emacs's turn went to KERNEL, which still runs and still holds the home."""
+    assert buffer.count("* [Echo] hello to the running kernel\n") == 1, buffer
+    assert "Error" not in buffer, buffer
+    archive = (home / "memory" / "emacs" / "main.org").read_text(encoding="utf-8")
+    assert "\nhello to the running kernel\n" in archive
+    assert "[Echo] hello to the running kernel" in archive
+    assert kernel.process.poll() is None, "the kernel stopped with Emacs"
+    assert json.loads((home / "kernel.lock").read_text())["pid"] == kernel.process.pid
+
+
+def test_chat_connects_to_the_kernel_already_running_for_its_home(tmp_path, home):
+    """`opencortex serve` runs for HOME; M-x opencortex-chat with `opencortex-home` naming
+    HOME (through a symbolic link, with a trailing slash) connects to it, starts no second
+    kernel, and leaves it running when Emacs quits."""
+    runtime = tmp_path / "run"
+    link = tmp_path / "link-to-home"
+    link.symlink_to(home)
+    kernel = KernelOnItsOwn(tmp_path, home, runtime)
+    try:
+        kernel.wait_ready()
+        driver, log, out = join_driver(tmp_path, f"{link}/")
+        env = cli_env(tmp_path / "not-this-home", XDG_RUNTIME_DIR=str(runtime))
+        result = subprocess.run(["emacs", "--batch", "-L", str(ELISP), "-l", str(driver)],
+                                capture_output=True, text=True, timeout=240, env=env)
+        buffer = out.read_text(encoding="utf-8") if out.exists() else ""
+        assert result.returncode == 0, (result.stderr[-6000:], buffer[-3000:])
+        assert not log.exists(), "Emacs started a kernel of its own"
+        check_joined(kernel, home, buffer)
+        assert not (tmp_path / "not-this-home").exists()
+    finally:
+        kernel.stop()
+    assert kernel.process.returncode == 0
+    assert not kernel.file.exists(), "the kernel left its connection file behind"
+
+
+def test_chat_whose_kernel_start_is_refused_connects_to_the_running_one(tmp_path, home):
+    """The race: Emacs finds no connection file and starts a kernel, which the running
+    kernel's lock refuses; Emacs then connects to the running kernel once its file is
+    there, instead of failing or starting yet another."""
+    runtime = tmp_path / "run"
+    kernel = KernelOnItsOwn(tmp_path, home, runtime)
+    hidden = tmp_path / "hidden-connection-file.json"
+    emacs = None
+    try:
+        kernel.wait_ready()
+        kernel.file.rename(hidden)  # as if the running kernel had not written it yet
+        driver, log, out = join_driver(tmp_path, str(home))
+        env = cli_env(home, XDG_RUNTIME_DIR=str(runtime))
+        emacs = subprocess.Popen(["emacs", "--batch", "-L", str(ELISP), "-l", str(driver)],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.monotonic() + 60
+        while not log.exists() and emacs.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert log.exists(), "Emacs did not try to start a kernel"
+        hidden.rename(kernel.file)
+        stdout, stderr = emacs.communicate(timeout=240)
+        buffer = out.read_text(encoding="utf-8") if out.exists() else ""
+        assert emacs.returncode == 0, (stderr[-6000:], buffer[-3000:])
+        assert len(log.read_text().split()) == 1, "Emacs started more than one kernel"
+        check_joined(kernel, home, buffer)
+    finally:
+        if emacs is not None and emacs.poll() is None:
+            emacs.kill()
+            emacs.communicate(timeout=30)
+        if hidden.exists():
+            hidden.rename(kernel.file)
+        kernel.stop()

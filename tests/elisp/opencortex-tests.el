@@ -758,20 +758,226 @@ BODY runs in a new chat buffer shown in the selected window."
       (delete-directory root t))))
 
 (ert-deftest opencortex-connection-file ()
-  "The connection file gives port and secret; one others can read is refused."
+  "The connection file gives port, secret, pid and home; one others can read is refused."
   (let ((file (make-temp-file "opencortex-kernel" nil ".json"
-                              "{\"port\": 4321, \"secret\": \"s3\", \"pid\": 1}")))
+                              "{\"port\": 4321, \"secret\": \"s3\", \"pid\": 1, \"home\": \"/h\", \"more\": 2}")))
     (unwind-protect
         (progn
           (set-file-modes file #o600)
-          (should (equal (opencortex--read-connection-file file) '(4321 . "s3")))
+          (should (equal (opencortex--read-connection-file file)
+                         (list :port 4321 :secret "s3" :pid 1 :home "/h" :file file)))
+          (with-temp-file file (insert "{\"port\": 4321, \"secret\": \"s3\"}"))
+          (should (equal (opencortex--read-connection-file file)
+                         (list :port 4321 :secret "s3" :pid nil :home nil :file file)))
+          (with-temp-file file (insert "{\"port\": 4321, \"secr"))
+          (should-error (opencortex--read-connection-file file) :type 'user-error)
+          (with-temp-file file (insert "[1, 2]"))
+          (should-error (opencortex--read-connection-file file) :type 'user-error)
+          (with-temp-file file (insert "{\"port\": 4321, \"secret\": \"s3\"}"))
           (set-file-modes file #o644)
           (should-error (opencortex--read-connection-file file) :type 'user-error))
       (delete-file file)))
   (should-error (opencortex--read-connection-file "/nonexistent/kernel.json") :type 'user-error)
   (let ((process-environment (cons "XDG_RUNTIME_DIR=/run/user/7" process-environment))
-        (opencortex-connection-file nil))
-    (should (equal (opencortex--default-connection-file) "/run/user/7/opencortex/kernel.json"))))
+        (opencortex-connection-file nil)
+        (opencortex-home "/srv/oc-home"))
+    (should (string-match-p "\\`/run/user/7/opencortex/kernel-[0-9a-f]\\{16\\}\\.json\\'"
+                            (opencortex--default-connection-file)))
+    (should (equal (opencortex--default-connection-file) (opencortex--home-connection-file)))
+    (let ((opencortex-connection-file "/elsewhere/k.json"))
+      (should (equal (opencortex--default-connection-file) "/elsewhere/k.json")))))
+
+;;;; One kernel per home
+
+(defconst opencortex-test--python-connection-files
+  "import hashlib, os, pathlib, sys
+base = os.environ.get('XDG_RUNTIME_DIR')
+runtime = pathlib.Path(base) / 'opencortex' if base else pathlib.Path(f'/tmp/opencortex-{os.getuid()}')
+for home in sys.stdin.buffer.read().decode('utf-8').split('\\n'):
+    if home:
+        digest = hashlib.sha256(str(pathlib.Path(home).expanduser().resolve()).encode()).hexdigest()
+        sys.stdout.buffer.write(f'{runtime / f\"kernel-{digest[:16]}.json\"}\\n'.encode('utf-8'))
+"
+  "The kernel's rule for the connection file of each home read from stdin.")
+
+(defun opencortex-test--python-files (homes)
+  "The connection files Python computes for HOMES in this environment and directory."
+  (let ((python (or (getenv "OPENCORTEX_TEST_PYTHON") (executable-find "python3")))
+        (coding-system-for-read 'utf-8)
+        (coding-system-for-write 'utf-8))
+    (with-temp-buffer
+      (insert (mapconcat #'identity homes "\n") "\n")
+      (should (eql 0 (call-process-region (point-min) (point-max) python t t nil
+                                          "-c" opencortex-test--python-connection-files)))
+      (split-string (buffer-string) "\n" t))))
+
+(ert-deftest opencortex-home-connection-file-is-the-kernels ()
+  "Emacs computes the same connection file as the kernel: symbolic links, a trailing
+slash, a relative name, a missing directory, non-ASCII, with and without XDG_RUNTIME_DIR."
+  (skip-unless (or (getenv "OPENCORTEX_TEST_PYTHON") (executable-find "python3")))
+  (let* ((root (file-name-as-directory (file-truename (make-temp-file "opencortex-homes" t))))
+         (default-directory root)
+         (home (expand-file-name "home" root))
+         (link (expand-file-name "link" root))
+         (homes (list home (concat link "/") link (expand-file-name "héllo wörld 世界" root)
+                      "relative/home/" (concat link "/missing/sub/") (concat home "/./"))))
+    (unwind-protect
+        (progn
+          (make-directory home)
+          (make-directory (expand-file-name "héllo wörld 世界" root))
+          (make-symbolic-link home link)
+          (dolist (runtime (list (concat "XDG_RUNTIME_DIR=" root "run") "XDG_RUNTIME_DIR="
+                                 "XDG_RUNTIME_DIR"))
+            (ert-info (runtime)
+              (let ((process-environment (cons runtime process-environment)))
+                (let ((expected (opencortex-test--python-files homes)))
+                  (should (= (length expected) (length homes)))
+                  (should (equal (mapcar #'opencortex--home-connection-file homes) expected))
+                  (should (equal (nth 0 expected) (nth 1 expected)))
+                  (should (equal (nth 0 expected) (nth 2 expected)))
+                  (should (equal (nth 0 expected) (nth 6 expected)))
+                  (should-not (equal (nth 0 expected) (nth 3 expected)))
+                  (should (string-prefix-p (if (string-search "=" runtime)
+                                               (if (string-suffix-p "=" runtime)
+                                                   (format "/tmp/opencortex-%d/" (user-uid))
+                                                 (concat root "run/opencortex/"))
+                                             (format "/tmp/opencortex-%d/" (user-uid)))
+                                           (car expected)))
+                  (let ((opencortex-home (concat link "/")))
+                    (should (equal (opencortex--home-connection-file) (nth 0 expected))))
+                  (let ((opencortex-home nil)
+                        (opencortex-kernel-arguments (list "--backend" "echo" "--home" link)))
+                    (should (equal (opencortex--home-connection-file) (nth 0 expected)))))))))
+      (delete-directory root t))))
+
+(ert-deftest opencortex-kernel-home-is-resolved-like-the-kernel ()
+  "`opencortex-home', else --home, else $OPENCORTEX_HOME, else $XDG_DATA_HOME/opencortex,
+else ~/.local/share/opencortex; empty variables count as unset."
+  (let* ((root (file-name-as-directory (file-truename (make-temp-file "opencortex-homes" t))))
+         (opencortex-program '("oc"))
+         (opencortex-home nil)
+         (opencortex-kernel-arguments nil)
+         (process-environment (append (list "OPENCORTEX_HOME" "XDG_DATA_HOME") process-environment)))
+    (unwind-protect
+        (progn
+          (should (equal (opencortex--kernel-home)
+                         (directory-file-name
+                          (file-truename (expand-file-name "~/.local/share/opencortex")))))
+          (let ((process-environment (append (list "OPENCORTEX_HOME=" (concat "XDG_DATA_HOME=" root "data"))
+                                             process-environment)))
+            (should (equal (opencortex--kernel-home) (concat root "data/opencortex")))
+            (let ((process-environment (cons (concat "OPENCORTEX_HOME=" root "env/") process-environment)))
+              (should (equal (opencortex--kernel-home) (concat root "env")))
+              (let ((opencortex-kernel-arguments (list (concat "--home=" root "eq"))))
+                (should (equal (opencortex--kernel-home) (concat root "eq"))))
+              (let ((opencortex-kernel-arguments (list "--home" (concat root "arg") "--backend" "echo")))
+                (should (equal (opencortex--kernel-home) (concat root "arg")))
+                (should (equal (opencortex--kernel-command)
+                               (list "oc" "serve" "--home" (concat root "arg") "--backend" "echo")))
+                (let ((opencortex-home (concat root "custom/")))
+                  (should (equal (opencortex--kernel-home) (concat root "custom")))
+                  ;; The kernel Emacs starts gets that home, not the other.
+                  (should (equal (opencortex--kernel-command)
+                                 (list "oc" "serve" "--backend" "echo" "--home"
+                                       (concat root "custom/")))))))))
+      (delete-directory root t))))
+
+(defun opencortex-test--write-connection-file (file pid home &optional modes)
+  "Write the connection FILE of a kernel with PID for HOME, with MODES (default 0600)."
+  (with-temp-file file
+    (insert (json-encode `((port . 4321) (secret . "s3") (pid . ,pid) (home . ,home)))))
+  (set-file-modes file (or modes #o600)))
+
+(ert-deftest opencortex-running-kernel-needs-a-live-kernel-for-this-home ()
+  "The home's connection file counts only when it names a live `serve' process and this
+home, and only when no one else could have written it."
+  (let* ((root (file-name-as-directory (file-truename (make-temp-file "opencortex-run" t))))
+         (runtime (expand-file-name "opencortex" (concat root "run")))
+         (home (expand-file-name "home" root))
+         (link (expand-file-name "link" root))
+         (process-environment (cons (concat "XDG_RUNTIME_DIR=" root "run") process-environment))
+         (opencortex-home home)
+         (kernel (make-process :name "opencortex-test-serve" :noquery t :connection-type 'pipe
+                               :command '("sh" "-c" "sleep 60" "serve")))
+         (other (make-process :name "opencortex-test-other" :noquery t :connection-type 'pipe
+                              :command '("sleep" "60")))
+         (gone (make-process :name "opencortex-test-gone" :noquery t :connection-type 'pipe
+                             :command '("sh" "-c" "exit 0" "serve"))))
+    (unwind-protect
+        (let ((file (opencortex--home-connection-file)))
+          (make-directory home t)
+          (make-symbolic-link home link)
+          (make-directory runtime t)
+          (set-file-modes runtime #o700)
+          (should (equal (file-name-directory file) (file-name-as-directory runtime)))
+          (should-not (opencortex--running-kernel))
+          (opencortex-test--write-connection-file file (process-id kernel) home)
+          (should (equal (opencortex--running-kernel)
+                         (list :port 4321 :secret "s3" :pid (process-id kernel) :home home
+                               :file file)))
+          (should (opencortex--running-kernel (concat link "/")))
+          (opencortex-test--write-connection-file file (process-id kernel) (concat link "/"))
+          (should (opencortex--running-kernel))
+          (opencortex-test--write-connection-file file (process-id kernel) (concat root "other"))
+          (should-not (opencortex--running-kernel))
+          (opencortex-test--write-connection-file file (process-id other) home)
+          (should-not (opencortex--running-kernel))
+          (should (opencortex-wait-for (lambda () (not (process-live-p gone))) 10))
+          (opencortex-test--write-connection-file file (process-id gone) home)
+          (should-not (opencortex--running-kernel))
+          (opencortex-test--write-connection-file file (process-id kernel) home #o644)
+          (should-error (opencortex--running-kernel) :type 'user-error)
+          (opencortex-test--write-connection-file file (process-id kernel) home)
+          (set-file-modes runtime #o777)
+          (should-error (opencortex--running-kernel) :type 'user-error)
+          (set-file-modes runtime #o700)
+          (should (opencortex--running-kernel)))
+      (delete-process kernel)
+      (delete-process other)
+      (delete-process gone)
+      (delete-directory root t))))
+
+(ert-deftest opencortex-a-kernel-emacs-did-not-start-is-never-restarted ()
+  "Losing a kernel Emacs connected to says so, starts nothing, and offers to connect again."
+  (opencortex-test--with-chat
+    (let ((conn (opencortex--make-connection :state 'ready :home "/h" :file "/run/k.json"))
+          (started 0) (joined nil) (running nil))
+      (cl-letf (((symbol-function 'opencortex--start-kernel) (lambda () (cl-incf started)))
+                ((symbol-function 'opencortex--running-kernel) (lambda (&rest _) running))
+                ((symbol-function 'opencortex--connect-kernel) (lambda (k) (push k joined)))
+                ((symbol-function 'y-or-n-p) (lambda (&rest _) t)))
+        (setq opencortex--connection conn)
+        (opencortex--lost conn "the connection closed")
+        (should (eq (opencortex--connection-state conn) 'dead))
+        (should (string-match-p "Emacs did not start that kernel for /h, so it neither stops nor restarts it"
+                                (opencortex-test--transcript)))
+        (should-not opencortex--restart-timer)  ; batch: nobody to ask
+        ;; With someone to ask: an offer to connect again, never a start.
+        (let ((noninteractive nil))
+          (dotimes (_ 2)
+            (let ((again (opencortex--make-connection :state 'ready :home "/h"))
+                  (timer nil))
+              (setq opencortex--connection again)
+              (opencortex--lost again "the connection closed")
+              (setq timer opencortex--restart-timer)
+              (should (timerp timer))
+              (cancel-timer timer)
+              (funcall (timer--function timer))
+              (should (equal joined (and running (list running))))
+              (setq running '(:port 1 :secret "s" :pid 2 :home "/h")))))
+        (should (= started 0))
+        ;; Restarting it reconnects instead.
+        (let ((connected 0))
+          (cl-letf (((symbol-function 'opencortex--connect-or-start)
+                     (lambda () (cl-incf connected))))
+            (setq opencortex--connection (opencortex--make-connection :state 'ready :home "/h"))
+            (opencortex-restart)
+            (should (= connected 1))
+            (should (= started 0))
+            (setq opencortex--connection (opencortex--make-connection
+                                          :state 'dead :process (make-symbol "process")))
+            (opencortex-restart)
+            (should (= started 1))))))))
 
 (ert-deftest opencortex-error-text ()
   "EPC errors become plain messages."
@@ -1040,6 +1246,122 @@ connection proves the secret went there (and the test checks it is not in argv).
             (opencortex-stop)
             (should (process-live-p kernel)))
         (delete-process kernel)))))
+
+;;;; One kernel per home, with the kernel stand-in
+
+(defmacro opencortex-test--with-runtime (&rest body)
+  "Run BODY with $XDG_RUNTIME_DIR a new private directory; delete it afterwards."
+  (declare (indent 0) (debug t))
+  `(let* ((opencortex-test--runtime (make-temp-file "opencortex-runtime" t))
+          (process-environment (cons (concat "XDG_RUNTIME_DIR=" opencortex-test--runtime)
+                                     process-environment)))
+     (unwind-protect
+         (let ((directory (expand-file-name "opencortex" opencortex-test--runtime)))
+           (make-directory directory)
+           (set-file-modes directory #o700)
+           ,@body)
+       (delete-directory opencortex-test--runtime t))))
+
+(defun opencortex-test--kernel-on-its-own (file &rest arguments)
+  "Start the stand-in as a kernel started on its own, writing FILE; ARGUMENTS go after serve."
+  (let ((process-environment (cl-remove-if (lambda (v) (string-prefix-p "OPENCORTEX_SECRET=" v))
+                                           process-environment)))
+    (make-process :name "opencortex-test-kernel" :buffer nil :noquery t :connection-type 'pipe
+                  :command (append opencortex-program (list "serve" "--connection-file" file)
+                                   arguments opencortex-kernel-arguments))))
+
+(defun opencortex-test--kernels-started ()
+  "The kernel processes Emacs started that are still in its process list."
+  (cl-remove-if-not (lambda (process) (string-prefix-p "opencortex-kernel" (process-name process)))
+                    (process-list)))
+
+(ert-deftest opencortex-kernel-chat-connects-to-the-kernel-of-its-home ()
+  "With a kernel running for the home, `opencortex-chat' connects to it and starts none;
+that kernel is never stopped or restarted by Emacs; once none runs, Emacs starts one."
+  :tags '(kernel)
+  (opencortex-test--with-kernel
+    (opencortex-test--with-runtime
+      (let* ((file (opencortex--home-connection-file))
+             (kernel (opencortex-test--kernel-on-its-own file)))
+        (unwind-protect
+            (progn
+              (should (opencortex-wait-for (lambda () (file-exists-p file)) 30))
+              (opencortex-chat)
+              (should (opencortex-wait-idle 30))
+              (should (opencortex-test--ready-p))
+              (should (null (opencortex-kernel-process)))
+              (should (null (opencortex-test--kernels-started)))
+              (should (equal (opencortex--connection-file opencortex--connection) file))
+              (opencortex-send "to the running kernel")
+              (should (opencortex-wait-idle 30))
+              (should (string-match-p "\\* Echo\nto the running kernel\n"
+                                      (opencortex-test--transcript)))
+              ;; Changing the backend leaves a kernel Emacs did not start alone.
+              (let ((conn opencortex--connection))
+                (cl-letf (((symbol-function 'y-or-n-p) (lambda (&rest _) (error "Asked"))))
+                  (opencortex-set-backend "echo"))
+                (should (eq opencortex--connection conn))
+                (should (opencortex-test--ready-p)))
+              ;; It goes away: Emacs says so and starts nothing in its place.
+              (delete-process kernel)
+              (should (opencortex-wait-for (lambda () (eq opencortex--kernel-state 'dead)) 30))
+              (should (opencortex-wait-idle 30))
+              (should (string-match-p "did not start that kernel for .*, so it neither stops nor restarts it"
+                                      (opencortex-test--transcript)))
+              (should (null opencortex--restart-timer))
+              (should (null (opencortex-test--kernels-started)))
+              ;; Its file names a dead process now: none runs, so Emacs starts one.
+              (should (file-exists-p file))
+              (opencortex-chat)
+              (should (opencortex-wait-idle 30))
+              (should (opencortex-test--ready-p))
+              (should (process-live-p (opencortex-kernel-process))))
+          (delete-process kernel))))))
+
+(ert-deftest opencortex-kernel-start-refused-connects-to-the-running-kernel ()
+  "A start refused because a kernel already runs for the home (whose connection file
+comes only later) connects to that kernel instead."
+  :tags '(kernel)
+  (opencortex-test--with-kernel
+    (opencortex-test--with-runtime
+      (let* ((file (opencortex--home-connection-file))
+             (marker (expand-file-name "refused" (car (last opencortex-kernel-arguments))))
+             (kernel (opencortex-test--kernel-on-its-own file "--file-after-refusal"))
+             (opencortex-kernel-arguments (append opencortex-kernel-arguments
+                                                  '("--already-running"))))
+        (unwind-protect
+            (progn
+              (should-not (file-exists-p file))
+              (opencortex-chat)
+              (should (opencortex-wait-idle 30))
+              (should (file-exists-p marker))   ; Emacs did start one, and it was refused
+              (should (opencortex-test--ready-p))
+              (should (null (opencortex-kernel-process)))
+              (should (null (opencortex-test--kernels-started)))
+              (should-not (string-match-p "Error" (opencortex-test--transcript)))
+              (opencortex-send "after a refusal")
+              (should (opencortex-wait-idle 30))
+              (should (string-match-p "\\* Echo\nafter a refusal\n" (opencortex-test--transcript)))
+              (opencortex-stop)
+              (should (eq opencortex--kernel-state 'stopped))
+              (should (process-live-p kernel)))
+          (delete-process kernel))))))
+
+(ert-deftest opencortex-kernel-start-refused-without-a-kernel-to-join-fails ()
+  "A refused start whose running kernel never shows its connection file fails, bounded,
+with the kernel's words."
+  :tags '(kernel)
+  (opencortex-test--with-kernel
+    (opencortex-test--with-runtime
+      (let ((opencortex-kernel-arguments (append opencortex-kernel-arguments
+                                                 '("--already-running")))
+            (opencortex-start-timeout 5))
+        (opencortex-chat)
+        (should (opencortex-wait-idle 30))
+        (should (eq opencortex--kernel-state 'failed))
+        (should (null (opencortex-kernel-process)))
+        (should (string-match-p "a kernel is already running for .*named no running kernel within 5 s"
+                                (opencortex-test--transcript)))))))
 
 (provide 'opencortex-tests)
 ;;; opencortex-tests.el ends here
