@@ -6,7 +6,11 @@ method is `POST /bot<token>/<method>` with form-encoded or JSON parameters
 and every answer is `{"ok": true, "result": …}` or `{"ok": false,
 "error_code": …, "description": …, "parameters": {"retry_after": …}}`.
 `getUpdates` long-polls: updates below `offset` are confirmed and forgotten,
-and the call waits up to `timeout` seconds for new ones.
+and the call waits up to `timeout` seconds for new ones.  While a webhook is
+set (`setWebhook` with `url`, `secret_token`, `allowed_updates`,
+`max_connections`, `drop_pending_updates`; removed by `deleteWebhook` or an
+empty `url`), `getUpdates` fails with 409 Conflict, as Telegram's does; the
+fake does not POST to the webhook: a test does, with `message_update`.
 
 People are simulated with `send` (a message from a user) and `click` (a
 callback query on an inline button).  Faults are injected per method with
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +57,9 @@ class FakeBotApi:
         self.commands: list[dict[str, str]] = []
         self.calls: list[str] = []
         self.webhook_url = ""
+        self.webhook_secret = ""
+        self.webhook_allowed: list[str] | None = None
+        self.webhook_max_connections = 40
         self.faults: dict[str, list[str]] = {}
         self.on_sent: Any = None      # called with each Sent as it arrives (benchmarks)
         self.confirmed = 0            # highest update id confirmed by an offset
@@ -77,10 +85,20 @@ class FakeBotApi:
 
     # -- people ------------------------------------------------------------------
 
-    def send(self, user_id: int, text: str | None = None, *, chat_id: int | None = None,
-             chat_type: str = "private", reply_to_bot: bool = False, edited: bool = False,
-             **media: Any) -> int:
-        """A message from USER_ID (in CHAT_ID, default their private chat); its message id."""
+    def send(self, user_id: int, text: str | None = None, **options: Any) -> int:
+        """A message from USER_ID, queued for getUpdates (options: `message_update`'s);
+        its message id."""
+        update = self.message_update(user_id, text, **options)
+        self.updates.append(update)
+        self._arrived.set()
+        return (update.get("message") or update["edited_message"])["message_id"]
+
+    def message_update(self, user_id: int, text: str | None = None, *,
+                       chat_id: int | None = None, chat_type: str = "private",
+                       reply_to_bot: bool = False, edited: bool = False,
+                       **media: Any) -> dict[str, Any]:
+        """The update carrying a message from USER_ID (in CHAT_ID, default their private
+        chat), with the next update id, as Telegram delivers it; not queued."""
         chat = chat_id if chat_id is not None else user_id
         message: dict[str, Any] = {
             "message_id": self._message_id(), "date": int(time.time()),
@@ -95,8 +113,10 @@ class FakeBotApi:
                 "message_id": 1, "date": int(time.time()), "chat": message["chat"],
                 "from": {"id": BOT_ID, "is_bot": True, "first_name": "Cortex",
                          "username": BOT_NAME}, "text": "earlier"}
-        self._push({"edited_message" if edited else "message": message})
-        return message["message_id"]
+        update = {"update_id": self.next_update, "edited_message" if edited else "message":
+                  message}
+        self.next_update += 1
+        return update
 
     def click(self, user_id: int, sent: Sent, data: str) -> None:
         """USER_ID presses the inline button carrying DATA under the message SENT."""
@@ -157,11 +177,35 @@ class FakeBotApi:
                 "supports_inline_queries": False}
 
     async def _getWebhookInfo(self, params: dict) -> dict:
-        return {"url": self.webhook_url, "has_custom_certificate": False,
+        info = {"url": self.webhook_url, "has_custom_certificate": False,
                 "pending_update_count": len(self.updates)}
+        if self.webhook_url:
+            info["max_connections"] = self.webhook_max_connections
+            if self.webhook_allowed is not None:
+                info["allowed_updates"] = self.webhook_allowed
+        return info
 
     async def _deleteWebhook(self, params: dict) -> bool:
-        self.webhook_url = ""
+        self.webhook_url = self.webhook_secret = ""
+        if _flag(params.get("drop_pending_updates")):
+            self.updates.clear()
+        return True
+
+    async def _setWebhook(self, params: dict) -> bool | web.Response:
+        url = str(params.get("url", ""))
+        secret = str(params.get("secret_token") or "")
+        if url and not url.startswith("https://"):
+            return _error(400, "Bad Request: bad webhook: An HTTPS URL must be provided for "
+                          "webhook")
+        if secret and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", secret):
+            return _error(400, "Bad Request: secret token contains unallowed characters")
+        if params.get("allowed_updates") is not None:
+            allowed = params["allowed_updates"]
+            self.webhook_allowed = json.loads(allowed) if isinstance(allowed, str) else allowed
+        self.webhook_max_connections = int(params.get("max_connections") or 40)
+        self.webhook_url, self.webhook_secret = url, secret if url else ""
+        if _flag(params.get("drop_pending_updates")):
+            self.updates.clear()
         return True
 
     async def _setMyCommands(self, params: dict) -> bool:
@@ -218,6 +262,11 @@ async def _params(request: web.Request) -> dict[str, Any]:
         return await request.json()
     form = await request.post()
     return {key: form[key] for key in form}
+
+
+def _flag(value: Any) -> bool:
+    """A Boolean parameter, as JSON or as form text."""
+    return value is True or str(value).lower() == "true"
 
 
 def _error(code: int, description: str, parameters: dict | None = None) -> web.Response:

@@ -210,3 +210,20 @@ def test_inbox_keeps_what_is_not_done_across_a_restart(tmp_path):
     assert again.add([message(position=6), message(position=5)]) == []   # redelivered
     assert [m.position for m in again.add([message(position=7)])] == [7]
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_inbox_takes_a_late_redelivery_it_never_kept_and_skips_what_it_did(tmp_path):
+    from opencortex.bridges import inbox as inbox_module
+    inbox = Inbox(tmp_path / "inbox.jsonl")
+    inbox.add([message(position=10), message(position=12)])   # 11 was refused, comes later
+    inbox.done(10)
+    inbox.done(12)
+    assert [m.position for m in inbox.add([message(position=11)])] == [11]
+    assert inbox.add([message(position=10), message(position=12)]) == []
+    inbox.done(11)
+    inbox._compact()
+    inbox.close()
+    again = Inbox(tmp_path / "inbox.jsonl")
+    assert again.add([message(position=p) for p in (10, 11, 12)]) == []
+    assert [m.position for m in again.add([message(position=9)])] == [9]
+    assert inbox_module.DONE_WINDOW >= 1000

@@ -9,9 +9,14 @@ messages not marked done are handed out again; one whose turn was archived
 before the crash is recognised by its platform message id in the archive (see
 `opencortex.bridges.service`) and not answered twice.
 
+Platforms may deliver out of order (a Telegram webhook retries a refused update
+after later ones were taken), so what was handled is remembered by position: the
+last `DONE_WINDOW` done positions exactly, and below them a floor.  A message is
+new when it is not pending, not among the done ones, and above the floor.
+
 The file lives in the kernel home (mode 0600).  It holds message text only
 until the message is done: when nothing is pending it is rewritten to one line
-recording the highest position seen, so redelivered old positions are skipped.
+holding the floor and the done window, so redelivered positions are skipped.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from opencortex.bridges.inbound import Inbound
 log = logging.getLogger(__name__)
 
 COMPACT_AFTER = 1000   # done lines before the file is rewritten (when nothing is pending)
+DONE_WINDOW = 10_000   # done positions remembered exactly
 
 
 class Inbox:
@@ -35,7 +41,8 @@ class Inbox:
     def __init__(self, path: Path):
         self.path = path
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.high = -1                       # highest position ever added
+        self.floor = -1                      # positions at or below it count as done
+        self._done: dict[int, None] = {}     # the latest done positions, oldest first
         self._pending: dict[int, Inbound] = {}
         self._lines = 0
         self._load()
@@ -57,12 +64,28 @@ class Inbox:
     def _apply(self, record: dict) -> None:
         if "add" in record:
             message = Inbound(**record["add"])
-            self.high = max(self.high, message.position)
             self._pending[message.position] = message
+        elif "floor" in record:                  # a compacted file: floor and done window
+            self.floor = max(self.floor, int(record["floor"]))
+            for position in record.get("done", []):
+                self._mark_done(int(position))
         elif "done" in record:
-            self._pending.pop(int(record["done"]), None)
-        elif "high" in record:
-            self.high = max(self.high, int(record["high"]))
+            self._mark_done(int(record["done"]))
+        elif "high" in record:                   # the format before the done window
+            self.floor = max(self.floor, int(record["high"]))
+
+    def _mark_done(self, position: int) -> None:
+        self._pending.pop(position, None)
+        self._done[position] = None
+        while len(self._done) > DONE_WINDOW:
+            oldest = next(iter(self._done))
+            del self._done[oldest]
+            self.floor = max(self.floor, oldest)
+
+    def is_new(self, position: int) -> bool:
+        """Whether POSITION was never kept before (pending, done, or under the floor)."""
+        return (position > self.floor and position not in self._pending
+                and position not in self._done)
 
     def _write(self, records: list[dict]) -> None:
         data = b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8", "surrogatepass")
@@ -75,19 +98,22 @@ class Inbox:
 
     def add(self, messages: list[Inbound]) -> list[Inbound]:
         """Keep MESSAGES not seen before (durably); return those, in position order."""
-        fresh = sorted((m for m in messages if m.position > self.high),
-                       key=lambda m: m.position)
-        if fresh:
-            self._write([{"add": dataclasses.asdict(m)} for m in fresh])
-            for message in fresh:
+        fresh: dict[int, Inbound] = {}
+        for message in messages:
+            if self.is_new(message.position):
+                fresh.setdefault(message.position, message)
+        ordered = [fresh[p] for p in sorted(fresh)]
+        if ordered:
+            self._write([{"add": dataclasses.asdict(m)} for m in ordered])
+            for message in ordered:
                 self._pending[message.position] = message
-            self.high = fresh[-1].position
-        return fresh
+        return ordered
 
     def done(self, position: int) -> None:
         """POSITION is handled; it will not be handed out again."""
-        if self._pending.pop(position, None) is None:
+        if position not in self._pending:
             return
+        self._mark_done(position)
         self._write([{"done": position}])
         if not self._pending and self._lines > COMPACT_AFTER:
             self._compact()
@@ -97,12 +123,13 @@ class Inbox:
         return [self._pending[p] for p in sorted(self._pending)]
 
     def _compact(self) -> None:
-        """Rewrite the file as one line: nothing is pending, only the high mark matters."""
+        """Rewrite the file as one line: nothing is pending, only what was done matters."""
         temporary = self.path.with_name(self.path.name + ".new")
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                              0o600)
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(json.dumps({"high": self.high}).encode() + b"\n")
+            handle.write(json.dumps({"floor": self.floor, "done": list(self._done)}).encode()
+                         + b"\n")
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, self.path)

@@ -56,15 +56,37 @@ class BridgeSettings(BaseModel):
 
 
 class TelegramSettings(BridgeSettings):
-    """`[bridges.telegram]`: the Bot API, by long polling unless a webhook is configured."""
+    """`[bridges.telegram]`: the Bot API, by long polling unless a webhook is configured.
+
+    With `webhook_url` set, Telegram POSTs updates to that public https URL; a reverse
+    proxy terminates TLS there and forwards to plain HTTP on webhook_listen:webhook_port.
+    The secret token Telegram sends with each update is read from $webhook_secret_env."""
 
     token_env: str = "OPENCORTEX_TELEGRAM_TOKEN"
     base_url: str = "https://api.telegram.org/bot"   # the Bot API (a test points it at loopback)
     poll_timeout: int = Field(30, ge=0, le=50)        # seconds a getUpdates call may wait
     webhook_url: str = ""                             # set: Telegram POSTs updates there
+    webhook_path: str = ""                            # served path; "": webhook_url's path
     webhook_listen: str = "127.0.0.1"
-    webhook_port: int = Field(8443, ge=1, le=65535)
+    webhook_port: int = Field(8443, ge=0, le=65535)   # 0: any free port (tests)
     webhook_secret_env: str = "OPENCORTEX_TELEGRAM_WEBHOOK_SECRET"
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _https(cls, value: str) -> str:
+        """Telegram delivers to https URLs only."""
+        if value and not value.startswith("https://"):
+            raise ValueError("webhook_url must be an https:// URL (Telegram delivers over "
+                             "TLS only; a reverse proxy terminates it)")
+        return value
+
+    @field_validator("webhook_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        """A path the receiver serves, like "/telegram"."""
+        if value and not value.startswith("/"):
+            raise ValueError(f"webhook_path {value!r} must start with /")
+        return value
 
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")

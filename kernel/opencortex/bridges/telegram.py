@@ -1,12 +1,20 @@
 """Telegram through python-telegram-bot's `Bot` (the Bot API): the platform protocol only.
 
-Long polling with `getUpdates`: the offset moves past a batch only after the
-bridge has kept it (`acknowledge`), so nothing fetched is lost in a crash.  A
-webhook left set on the bot would make every `getUpdates` fail: it is reported
-and removed when polling starts (pending updates are kept).  Replies are sent
-as HTML (`parse_mode`), approvals carry an inline keyboard whose callback data
-binds the click to the approval and the action's digest, and every click is
-answered with `answerCallbackQuery`.
+Long polling with `getUpdates` by default: the offset moves past a batch only
+after the bridge has kept it (`acknowledge`), so nothing fetched is lost in a
+crash.  A webhook left set on the bot would make every `getUpdates` fail: it is
+reported and removed when polling starts (pending updates are kept).
+
+With `webhook_url` set, the two being exclusive, `getUpdates` is never called:
+`start` listens (`telegram_webhook.WebhookReceiver`) and calls `setWebhook`
+with the secret token from $webhook_secret_env; Telegram's POSTs are answered
+200 once the bridge has kept their update.  `stop` leaves the webhook set, so
+Telegram holds updates while the kernel restarts.  Both modes read an update
+with the same `_item`.
+
+Replies are sent as HTML (`parse_mode`), approvals carry an inline keyboard
+whose callback data binds the click to the approval and the action's digest,
+and every click is answered with `answerCallbackQuery`.
 
 The token is never logged and never part of an error: python-telegram-bot and
 httpx put it in request URLs, so their loggers are kept at WARNING and every
@@ -17,14 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import warnings
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from opencortex.bridges.contract import BridgeError, Decision, FormattingRejected, Platform
 from opencortex.bridges.inbound import Inbound
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.settings import TelegramSettings
+
+if TYPE_CHECKING:   # imported when webhook mode starts (it needs aiohttp)
+    from opencortex.bridges.telegram_webhook import WebhookReceiver
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +48,8 @@ for _name in ("httpx", "httpcore", "telegram"):   # they log request URLs, token
 MEDIA = ("photo", "voice", "audio", "video", "video_note", "document", "sticker",
          "animation", "location", "contact", "poll")
 UPDATES = ["message", "edited_message", "callback_query"]
+SECRET_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,256}")   # what setWebhook accepts as secret_token
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class TelegramPlatform(Platform):
@@ -56,6 +72,7 @@ class TelegramPlatform(Platform):
         self.username = ""
         self._fetched: int | None = None   # highest update id fetched
         self._offset: int | None = None    # what getUpdates asks from
+        self.receiver: WebhookReceiver | None = None   # in webhook mode
 
     # -- errors -----------------------------------------------------------------
 
@@ -92,14 +109,62 @@ class TelegramPlatform(Platform):
     # -- the contract -----------------------------------------------------------
 
     async def start(self) -> str:
+        secret = self._webhook_secret() if self.settings.webhook_url else ""
         await self._call("getMe", self.bot.initialize())
         self.username = self.bot.username or ""
+        if secret:
+            await self._start_webhook(secret)
+        else:
+            await self._remove_webhook()
+        return self.username
+
+    async def _remove_webhook(self) -> None:
+        """Polling: a webhook left set (by webhook mode, or another program) is removed."""
         info = await self._call("getWebhookInfo", self.bot.get_webhook_info())
         if info.url:
             log.warning("telegram: a webhook is set for this bot; long polling cannot run "
                         "while it is, so it is removed (pending updates are kept)")
             await self._call("deleteWebhook", self.bot.delete_webhook(drop_pending_updates=False))
-        return self.username
+
+    def _webhook_secret(self) -> str:
+        """The secret token from $webhook_secret_env; BridgeError if unset or malformed."""
+        name = self.settings.webhook_secret_env
+        secret = os.environ.get(name, "") if name else ""
+        rule = "1-256 characters of A-Z a-z 0-9 _ -"
+        if not secret:
+            raise BridgeError(f"[bridges.telegram] webhook_url is set but the secret token "
+                              f"${name or '(webhook_secret_env is empty)'} is not set; export "
+                              f"{rule} in it (e.g. `openssl rand -hex 32`)", fatal=True)
+        if not SECRET_TOKEN.fullmatch(secret):
+            raise BridgeError(f"${name} is not a webhook secret token Telegram accepts: it "
+                              f"takes {rule}", fatal=True)
+        return secret
+
+    async def _start_webhook(self, secret: str) -> None:
+        """Listen for Telegram's POSTs, then point the bot's webhook at webhook_url."""
+        from opencortex.bridges.telegram_webhook import WebhookReceiver
+        settings = self.settings
+        path = settings.webhook_path or urlsplit(settings.webhook_url).path or "/"
+        if self.receiver is None:
+            self.receiver = WebhookReceiver(settings.webhook_listen, settings.webhook_port,
+                                            path, secret, self._parse)
+        try:
+            await self.receiver.start()
+        except OSError as error:
+            raise BridgeError(f"cannot listen on {settings.webhook_listen}:"
+                              f"{settings.webhook_port} for the webhook "
+                              f"({error.strerror or type(error).__name__})") from None
+        if settings.webhook_listen not in LOOPBACK:
+            log.warning("telegram: the webhook receiver speaks plain HTTP on %s; expose it "
+                        "only through a reverse proxy that terminates TLS",
+                        settings.webhook_listen)
+        # One request in flight: updates of different chats cannot overtake each other
+        # on parallel connections (the inbox skips positions below its highest).
+        await self._call("setWebhook", self.bot.set_webhook(
+            settings.webhook_url, max_connections=1, allowed_updates=UPDATES,
+            drop_pending_updates=False, secret_token=secret))
+        log.info("telegram: webhook set; receiving updates on %s:%d",
+                 settings.webhook_listen, self.receiver.port)
 
     async def register_commands(self, commands: list[tuple[str, str]]) -> None:
         from telegram import BotCommand
@@ -108,6 +173,8 @@ class TelegramPlatform(Platform):
         await self._call("setMyCommands", self.bot.set_my_commands(menu[:100]))
 
     async def fetch(self) -> list[Inbound | Decision]:
+        if self.receiver is not None:   # webhook mode: what Telegram POSTed
+            return await self.receiver.take(max(1, self.settings.poll_timeout))
         updates = await self._call("getUpdates", self.bot.get_updates(
             offset=self._offset, timeout=self.settings.poll_timeout, allowed_updates=UPDATES))
         items: list[Inbound | Decision] = []
@@ -120,7 +187,9 @@ class TelegramPlatform(Platform):
         return items
 
     async def acknowledge(self) -> None:
-        if self._fetched is not None:
+        if self.receiver is not None:   # Telegram's requests are answered 200
+            self.receiver.confirm()
+        elif self._fetched is not None:
             self._offset = self._fetched + 1
 
     async def send(self, chat_id: str, html: str, plain: str) -> None:
@@ -156,6 +225,9 @@ class TelegramPlatform(Platform):
                 decision.token, text=text))
 
     async def stop(self) -> None:
+        if self.receiver is not None:   # the webhook stays set: Telegram holds the updates
+            receiver, self.receiver = self.receiver, None
+            await receiver.stop()
         try:
             await asyncio.wait_for(self.bot.shutdown(), 10)
         except Exception as error:   # closing connections must not stop the kernel's exit
@@ -163,7 +235,13 @@ class TelegramPlatform(Platform):
 
     # -- updates ----------------------------------------------------------------
 
+    def _parse(self, data: dict[str, Any]) -> Inbound | Decision | None:
+        """An update as Telegram POSTs it to the webhook, read as polling reads one."""
+        from telegram import Update
+        return self._item(Update.de_json(data, self.bot))
+
     def _item(self, update: Any) -> Inbound | Decision | None:
+        """What the bridge sees of one python-telegram-bot `Update` (None: nothing)."""
         if update.callback_query is not None:
             return self._decision(update)
         message = update.message or update.edited_message
