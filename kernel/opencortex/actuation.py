@@ -27,6 +27,7 @@ from opencortex.events import Event
 from opencortex.llm.routing import archetype_for
 from opencortex.memory import NewMessage
 from opencortex.pinning import CROSS_POST, destination, is_own
+from opencortex.telemetry import Telemetry
 from opencortex.turn import TurnFailed, TurnResult
 from opencortex.untrusted import model_note
 from opencortex.verification import Verdict
@@ -45,6 +46,7 @@ class Actuation:
         self.actuators = actuators
         self.conversations = conversations
         self.approvers = approvers
+        self.telemetry = Telemetry()   # the kernel sets its own
 
     async def finish(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
         """End the turn VERDICT decided.  Once the person may see effects, the turn
@@ -155,8 +157,17 @@ class Actuation:
             result.text = message
             result.ids = await self.archive(event, result, action.printed(), turn_type="yield")
             return
-        decision = await approver.ask(request)
+        decision = await self.ask(approver, request)
         await self._after_decision(event, action, request, decision, result)
+
+    async def ask(self, approver: Approver, request: ApprovalRequest) -> ApprovalDecision:
+        """REQUEST put to APPROVER, timed and counted by outcome."""
+        with self.telemetry.span("approval.wait", action_class=request.action_class) as span:
+            decision = await approver.ask(request)
+            span.set(outcome=decision.how)
+        self.telemetry.count("approvals_total", outcome=decision.how,
+                             action_class=request.action_class)
+        return decision
 
     async def _after_decision(self, event: Event, action: Action, request: ApprovalRequest,
                               decision: ApprovalDecision, result: TurnResult) -> None:

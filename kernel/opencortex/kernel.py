@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from opencortex.actuation import Actuation
 from opencortex.actuators import ActuatorRegistry
 from opencortex.approvals import Approver
+from opencortex.budgets import Budgets
 from opencortex.config import Config
 from opencortex.conversation.commands import CommandError, CommandInput, Commands, is_command
 from opencortex.conversation.conversations import Conversation, Conversations
@@ -32,6 +33,7 @@ from opencortex.llm.routing import archetype_for
 from opencortex.memory import Archive
 from opencortex.pinning import pin
 from opencortex.skills import Skill, SkillContext, SkillRegistry
+from opencortex.telemetry import telemetry_for, turn_span
 from opencortex.tools import ToolRegistry
 from opencortex.turn import ThreadStats, TurnFailed, TurnObserver, TurnResult
 from opencortex.verification import Verdict, judge
@@ -56,11 +58,14 @@ class Kernel:
         self.persona = persona
         self.conversations = conversations
         self.commands = Commands(conversations)
+        self.budgets = Budgets.from_config(config)
+        self.telemetry = telemetry_for(config.telemetry)
         self.approvers: dict[str, Approver] = {}
         # Frontends that run inside the kernel (bridges) report their state for /metrics.
         self.reporters: dict[str, Callable[[], str]] = {}
         self.actuation = Actuation(config=config, actuators=actuators,
                                    conversations=conversations, approvers=self.approvers)
+        self.actuation.telemetry = self.telemetry
         # Reading and judging a reply run here, never on the event loop (issue: a hostile
         # reply must not stall other threads); two workers so one slow reply blocks nobody.
         self._judges = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opencortex-judge")
@@ -87,23 +92,30 @@ class Kernel:
         result = TurnResult(event.thread, "failed", self.backend.name)
         result.turn_id = turn_id or result.turn_id
         async with lock:
-            started = result.started = time.perf_counter()
-            if self.backend.warning:
-                result.warnings.append(self.backend.warning)
-            try:
-                if is_command(event.text):
-                    await self._command(event, result)
-                    return result
-                await self._turn(event, result, observer or TurnObserver())
-            except TurnFailed as failure:
-                result.errors.append(str(failure))
-                await self.actuation.notify(event, f"System Error: {failure} — nothing of this turn "
-                                   "was kept; send the message again when that is fixed.", result)
-            result.elapsed_s = time.perf_counter() - started
-            self._count(event.thread, result)
-            return result
+            with turn_span(self.telemetry, result):
+                return await self._handle(event, result, observer)
+
+    async def _handle(self, event: Event, result: TurnResult,
+                      observer: TurnObserver | None) -> TurnResult:
+        """The turn (or command) of EVENT, its thread's lock held."""
+        started = result.started = time.perf_counter()
+        if self.backend.warning:
+            result.warnings.append(self.backend.warning)
+        try:
+            if is_command(event.text):
+                await self._command(event, result)
+                return result
+            await self._turn(event, result, observer or TurnObserver())
+        except TurnFailed as failure:
+            result.errors.append(str(failure))
+            await self.actuation.notify(event, f"System Error: {failure} — nothing of this turn "
+                               "was kept; send the message again when that is fixed.", result)
+        result.elapsed_s = time.perf_counter() - started
+        self._count(event.thread, result)
+        return result
 
     def _count(self, thread: Thread, result: TurnResult) -> None:
+        self.budgets.record(thread, result.usage)
         stats = self.stats.setdefault(thread, ThreadStats())
         stats.turns += 1
         stats.total_latency_s += result.elapsed_s
@@ -124,8 +136,10 @@ class Kernel:
         """What skills see for EVENT: its thread's working context and what was recalled
         for it (same owner only) — never the kernel itself, never another thread."""
         chat = self.config.chat
-        conversation = await self.conversations.open(event.thread)
-        recalled = await self.conversations.remember(event.thread, event.text)
+        with self.telemetry.span("chat.context_render"):
+            conversation = await self.conversations.open(event.thread)
+            with self.telemetry.span("chat.recall"):
+                recalled = await self.conversations.remember(event.thread, event.text)
         settings = {"buffer": chat.buffer, "allowed-buffers": list(chat.allowed_buffers),
                     "history-chars": chat.history_chars}
         return SkillContext(event=event, thread=event.thread,
@@ -137,7 +151,7 @@ class Kernel:
         """Run the slash command TEXT in THREAD; CommandError (a ValueError) if it is misused."""
         conversation = await self.conversations.open(thread)
         given = CommandInput(persona=self.persona, metrics=self._metrics(thread),
-                             skills=self.skills)
+                             skills=self.skills, budget=self.budgets.describe(thread))
         try:
             return await self.commands.run(conversation, text, given)
         except InvalidTransition as error:
@@ -193,6 +207,11 @@ class Kernel:
         session.to("streaming")
         try:
             await self._run(event, ctx, conversation, result, observer)
+            self.telemetry.measure("chat_context_utilization", conversation.context.pressure)
+            notice = self.budgets.collapse_notice(session, self.config.conversation)
+            if notice:
+                result.warnings.append(notice)
+                await self.actuation.notify(event, notice, result, error=False, heading=False)
         finally:
             if session.state in ("streaming", "waiting"):
                 session.to("ready")
@@ -205,11 +224,18 @@ class Kernel:
             raise TurnFailed("no skill handles this message (is skills/chat.org loaded? "
                              "run `opencortex skills --check`)")
         result.skill = skill.name
-        request = self._prompt(skill, ctx)
+        tier = await self.budgets.admit(
+            event, can_ask=self.can_ask(event), approver=self.approvers.get(event.channel),
+            ask=self.actuation.ask,
+            tell=partial(self.actuation.notify, event, result=result, error=False, heading=False),
+            timeout=self.config.emacs.approval_timeout)
+        request = self.budgets.route(self._prompt(skill, ctx), tier)
         verdict = await self._ask_until_valid(skill, request, ctx, result, observer)
         if verdict.status == "needs-approval":
             conversation.session.to("waiting")
-        await self.actuation.finish(event, verdict, result)
+        target = verdict.action.to_plist().get("target") if verdict.action else None
+        with self.telemetry.span("actuate", target=str(target) if target else None):
+            await self.actuation.finish(event, verdict, result)
 
     def _prompt(self, skill: Skill, ctx: SkillContext) -> PromptRequest:
         try:
@@ -240,6 +266,7 @@ class Kernel:
             verdict = await self._judge(reply, ctx)
             if verdict.status != "rejected":
                 return verdict
+            self.telemetry.count("chat_rejections_total", skill=skill.name)
             log.info("reply rejected (skill %s, attempt %d, %d reasons)",
                      skill.name, attempt + 1, len(verdict.errors))
             reason = "; ".join(verdict.errors)
@@ -256,8 +283,10 @@ class Kernel:
                        max_elements=self.config.max_reply_elements)
         limit = self.config.judge_timeout
         try:
-            verdict = await asyncio.wait_for(
-                asyncio.get_running_loop().run_in_executor(self._judges, call), limit)
+            with self.telemetry.span("verify") as span:
+                verdict = await asyncio.wait_for(
+                    asyncio.get_running_loop().run_in_executor(self._judges, call), limit)
+                span.set(status=verdict.status)
         except TimeoutError:
             log.warning("judging a reply of %d characters took over %g s", len(reply), limit)
             return Verdict("rejected", errors=[
@@ -276,13 +305,15 @@ class Kernel:
                    observer: TurnObserver) -> str:
         chunks: list[str] = []
         try:
-            async with asyncio.timeout(self.config.llm_timeout):
-                async for item in self.backend.stream(request):
-                    if isinstance(item, Usage):
-                        result.usage = item
-                        continue
-                    chunks.append(item)
-                    observer.on_chunk(item)
+            with self.telemetry.span("llm.stream", backend=self.backend.name) as span:
+                async with asyncio.timeout(self.config.llm_timeout):
+                    async for item in self.backend.stream(request):
+                        if isinstance(item, Usage):
+                            result.usage = item
+                            span.set(model=item.model, first_chunk_s=item.first_chunk_s)
+                            continue
+                        chunks.append(item)
+                        observer.on_chunk(item)
             observer.on_reply_done()
         except LLMError as error:
             raise TurnFailed(f"{error.code}: {error.message}") from error
@@ -296,3 +327,4 @@ class Kernel:
         await self.backend.aclose()
         await self.actuators.aclose()
         self.archive.close()
+        self.budgets.close()

@@ -38,6 +38,7 @@ class CommandInput:
     persona: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
     skills: Any = None          # the kernel's SkillRegistry, for /reload
+    budget: str = ""            # what is left of this chat's budgets, for /budget
 
 
 Handler = Callable[["Commands", Conversation, list[str], CommandInput], Awaitable[str]]
@@ -155,6 +156,29 @@ async def _metrics(commands: Commands, conv: Conversation, args: list[str],
     figures = {"state": session.state, "turns": session.turns, "session tokens": session.tokens,
                **given.metrics}
     return "\n".join(f"{name}: {value}" for name, value in figures.items())
+
+
+@command("budget", "/budget — what is left of this chat's token and cost budgets")
+async def _budget(commands: Commands, conv: Conversation, args: list[str],
+                  given: CommandInput) -> str:
+    return given.budget or "No budget applies to this chat."
+
+
+@command("forget", "/forget — remove this chat from memory for good (asks first; "
+                   "/forget yes does it)")
+async def _forget(commands: Commands, conv: Conversation, args: list[str],
+                  given: CommandInput) -> str:
+    conversations = commands.conversations
+    if args not in ([], ["yes"]):
+        raise CommandError("usage: /forget, then /forget yes to confirm")
+    if not args:
+        count = conversations.forget(conv.thread, apply=False)
+        if not count:
+            return "Nothing of this chat is in memory."
+        return (f"This removes all {count} messages of this chat from memory (the archive "
+                "and its search index), for good. Send /forget yes to do it.")
+    count = conversations.forget(conv.thread, apply=True)
+    return f"Forgot {count} messages of this chat; it starts empty now."
 
 
 @command("reset", "/reset — start afresh on a new empty branch (nothing is deleted)")
@@ -316,8 +340,7 @@ async def _recall(commands: Commands, conv: Conversation, args: list[str],
                   given: CommandInput) -> str:
     if not args:
         raise CommandError("usage: /recall QUERY")
-    found = commands.conversations.recall.recall(conv.thread, " ".join(args), k=10)
-    return "\n".join(_short(entry.text, 140) for entry in found) or "Nothing recalled."
+    return commands.conversations.recall.explain(conv.thread, " ".join(args), k=10)
 
 
 @command("persona", "/persona — the persona note the kernel uses")

@@ -23,6 +23,7 @@ from opencortex.conversation.settings import ConversationSettings
 from opencortex.conversation.threadlog import ThreadLog
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, NewMessage
+from opencortex.memory.retention import count_forgettable, forget
 from opencortex.memory.working import WorkingMemory
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,19 @@ class Conversations:
         return Entry(id=record.id, role=record.role, text=record.text, turn=0,
                      turn_type=record.turn_type, retention="PRESERVED")
 
+
+    def forget(self, thread: Thread, *, apply: bool) -> int:
+        """How many messages of THREAD forgetting removes; with APPLY they are removed
+        from the archive and its index, and the live conversation is let go (it is
+        rebuilt, empty, when next used)."""
+        if thread.channel in self.unarchived:
+            raise ValueError("this chat is kept in working memory only: nothing of it is "
+                             "in the archive, and it goes when the kernel stops")
+        if not apply:
+            return count_forgettable(self.archive, thread)
+        removed = forget(self.archive, thread)
+        self._open.pop(thread, None)
+        return removed
 
     async def remember(self, thread: Thread, query: str) -> list[Entry]:
         """Recall for the coming turn: same owner only, nothing already in context."""

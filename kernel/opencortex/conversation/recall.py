@@ -15,6 +15,14 @@ DROPPABLE (compression may drop them first), turn 0, with their text prefixed
 by where and when they were said, so the user can see what was recalled::
 
     [recalled from cli:local, 2026-11-02, user] the staging database is on port 5433
+
+Ranking: each owner's messages are scored with that owner's own word
+statistics (see `opencortex.memory.partitions`).  A date expression in the
+question ("last week", "in March", "2026-03-14") searches that period first;
+"now" / "currently" put newer matches ahead (a fact that changed).  A hit
+that is a question brings the reply after it, and a reply the question before
+it ("next to a recalled message"), after the K best.  `explain` says what was
+recalled and why, for /recall.
 """
 
 from __future__ import annotations
@@ -28,15 +36,18 @@ from datetime import datetime
 
 from opencortex.conversation.branches import unique
 from opencortex.conversation.entries import Entry
+from opencortex.conversation.recalldates import DateHint, date_hint
 from opencortex.events import Thread
-from opencortex.memory import Archive, SearchHit
+from opencortex.memory import Archive, MessageRecord, SearchHit
+from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
 
 log = logging.getLogger(__name__)
 
-LOCAL_OWNER = "local"
-LOCAL_CHANNELS = frozenset({"emacs", "cli"})
+LOCAL_OWNER = LOCAL_PARTITION
 MAX_RECALLED_CHARS = 2000      # a longer recalled message is cut (with "…")
 SETTLE_NS = 2_000_000_000      # directory times this recent may hide a change (coarse clocks)
+CANDIDATES = 4                 # recall ranks this many times K matches before keeping K
+RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
 
 # Function words left out of a recall query while other words remain: they match
 # almost every message and would recall noise.
@@ -58,11 +69,7 @@ def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
     """
     thread = Thread(*thread)
     configured = owners.get(str(thread))
-    if configured:
-        return configured
-    if thread.channel in LOCAL_CHANNELS:
-        return LOCAL_OWNER
-    return str(thread)
+    return configured or default_partition(thread)
 
 
 def recall_query(text: str) -> str:
@@ -89,6 +96,7 @@ class Recall:
         self._by_owner: dict[str, list[Thread]] = {}
         self._known: set[Thread] = set()
         self._stamp: tuple[tuple[str, int], ...] | None = None
+        archive.set_partition(self.owner)          # rank with each owner's own statistics
 
     # -- scope ---------------------------------------------------------------
 
@@ -145,33 +153,103 @@ class Recall:
 
     def recall(self, thread: Thread, query: str, *, k: int = 5,
                exclude_ids: Collection[str] = ()) -> list[Entry]:
-        """The K messages best matching QUERY from THREAD's owner (and shared owners).
+        """The K messages best matching QUERY from THREAD's owner (and shared owners),
+        best first, then the question or reply next to each (see the module notes).
 
-        EXCLUDE_IDS: messages already in the context.  Best match first.
+        EXCLUDE_IDS: messages already in the context.
         """
+        hits, _ = self.hits(thread, query, k=k, exclude_ids=exclude_ids)
+        entries = [self.entry(hit) for hit in hits]
+        known = set(exclude_ids) | {hit.id for hit in hits}
+        for hit in hits:
+            partner = self._partner(hit)
+            if partner is not None and partner.id not in known:
+                known.add(partner.id)
+                entries.append(self.entry(partner, near=True))
+        log.debug("recall: %d recalled, %d beside them", len(hits), len(entries) - len(hits))
+        return entries
+
+    def hits(self, thread: Thread, query: str, *, k: int = 5,
+             exclude_ids: Collection[str] = ()) -> tuple[list[SearchHit], DateHint]:
+        """The K best hits for QUERY in THREAD's scope, and what the question said about time."""
+        hint = date_hint(query, time.time())
         if k <= 0 or not query.strip():
-            return []
+            return [], hint
         thread = Thread(*thread)
         scope = self.scope(thread)
         allowed = {self.owner(thread), *self.shared_owners}
-        hits = self.archive.search(recall_query(query), threads=scope, limit=2 * k,
-                                   exclude_ids=exclude_ids)
-        entries = []
-        for hit in unique(hits, seen=exclude_ids)[:k]:   # a merged copy is the same message
+        words = recall_query(hint.text) if hint.text.strip() else recall_query(query)
+        found: list[SearchHit] = []
+        if hint.window is not None:
+            found += self.archive.search(words, threads=scope, limit=2 * k,
+                                         exclude_ids=exclude_ids, window=hint.window)
+        general = self.archive.search(words, threads=scope, limit=CANDIDATES * k,
+                                      exclude_ids=exclude_ids)
+        found += _newer_first(general) if hint.recent else general
+        hits = []
+        for hit in unique(found, seen=exclude_ids):     # a merged copy is the same message
             if hit.thread != thread and self.owner(hit.thread) not in allowed:
                 log.error("recall: dropped a hit outside the owner's scope")   # never expected
                 continue
-            entries.append(self.entry(hit))
-        log.debug("recall: %d of %d thread(s) searched, %d recalled", len(scope),
-                  len(self._known), len(entries))
-        return entries
+            hits.append(hit)
+        log.debug("recall: %d of %d thread(s) searched", len(scope), len(self._known))
+        return hits[:k], hint
 
-    def entry(self, hit: SearchHit) -> Entry:
-        """HIT as a recalled entry: where and when it was said, then its text."""
+    def _partner(self, hit: SearchHit) -> MessageRecord | None:
+        """The reply to HIT when it is a question, or the question HIT replies to."""
+        before, after = self.archive.neighbours(hit.id)
+        speaker = (hit.role, hit.sender)
+        if after is not None and _asks(hit.text) and (after.role, after.sender) != speaker:
+            return after
+        if before is not None and _asks(before.text) and (before.role, before.sender) != speaker:
+            return before
+        return None
+
+    def explain(self, thread: Thread, query: str, *, k: int = 10) -> str:
+        """What recall brings for QUERY and why: the period and words searched, then per
+        hit its score, date, where, the words it matched and its text (for /recall)."""
+        hits, hint = self.hits(thread, query, k=k)
+        lines = [f"searched for: {recall_query(hint.text) or recall_query(query)}"]
+        if hint.window is not None:
+            start, end = (datetime.fromtimestamp(t).strftime("%Y-%m-%d") for t in
+                          (hint.window[0], hint.window[1] - 1))
+            lines.append(f"dates: {start} to {end} (\"{hint.label}\"), searched first")
+        if hint.recent:
+            lines.append("asks about the present: newer matches ranked higher")
+        for number, hit in enumerate(hits, 1):
+            terms = ", ".join(dict.fromkeys(t.lower() for t in _MARKED.findall(hit.snippet)))
+            when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d %H:%M")
+            text = " ".join(hit.text.split())
+            lines.append(f"{number}. score {hit.score:.2f}, {when}, {hit.thread}, {hit.role}; "
+                         f"matched: {terms or '-'}\n   {text[:140]}")
+        return "\n".join(lines) if hits else "\n".join(lines + ["Nothing recalled."])
+
+    def entry(self, hit: MessageRecord, *, near: bool = False) -> Entry:
+        """HIT as a recalled entry: where and when it was said, then its text (NEAR: it
+        came as the question or reply next to a recalled message)."""
         when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d")
         text = hit.text
         if len(text) > self.max_chars:
             text = text[:self.max_chars].rstrip() + " …"
+        beside = ", next to a recalled message" if near else ""
         return Entry(id=hit.id, role=hit.role, text=f"[recalled from {hit.thread}, {when}, "
-                     f"{hit.role}] {text}", turn=0, turn_type=hit.turn_type,
+                     f"{hit.role}{beside}] {text}", turn=0, turn_type=hit.turn_type,
                      retention="DROPPABLE", kind="recalled")
+
+
+_MARKED = re.compile(r"\[([^\]]+)\]")
+
+
+def _asks(text: str) -> bool:
+    """True when TEXT ends with a question mark."""
+    return text.rstrip().endswith("?")
+
+
+def _newer_first(hits: list[SearchHit]) -> list[SearchHit]:
+    """HITS re-ranked with a bonus for being newer (up to RECENCY_WEIGHT of the score)."""
+    if len(hits) < 2:
+        return hits
+    oldest = min(hit.timestamp for hit in hits)
+    span = max(hit.timestamp for hit in hits) - oldest or 1.0
+    return sorted(hits, key=lambda hit: -hit.score * (
+        1 + RECENCY_WEIGHT * (hit.timestamp - oldest) / span))

@@ -50,16 +50,21 @@ def choose_model(settings: LLMSettings, backend: str, default_model: str,
 
     The most specific matching row wins (the first in the file among equals);
     `settings.model` (`--model`) beats every row's model but keeps its caps.
+    ROUTING may name a `tier` (rows with that tier match) and a `max_tokens`
+    that caps the output further (the short-answer tier of a budget).
     """
     archetype = routing.get("archetype") or "developer"
     best = None
     for row in settings.models:
         if row.matches(backend=backend, archetype=archetype, skill=routing.get("skill"),
-                       channel=routing.get("channel")):
+                       channel=routing.get("channel"), tier=routing.get("tier")):
             if best is None or row.conditions > best.conditions:
                 best = row
     model = settings.model or (best.model if best and best.model else None) or default_model
     max_tokens = best.max_tokens if best and best.max_tokens else settings.max_tokens
+    cap = routing.get("max_tokens")
+    if cap and str(cap).isdigit() and int(cap) > 0:
+        max_tokens = min(max_tokens, int(cap))
     temperature = best.temperature if best and best.temperature is not None \
         else settings.temperature
     return ModelChoice(model=model, max_tokens=max_tokens, temperature=temperature,

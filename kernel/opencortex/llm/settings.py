@@ -71,11 +71,12 @@ class OpenAISettings(BaseModel):
 
 
 class ModelRoute(BaseModel):
-    """One row of the model table: WHEN (archetype, skill, channel, backend) → WHAT.
+    """One row of the model table: WHEN (archetype, skill, channel, backend, tier) → WHAT.
 
     An omitted condition matches anything; of the matching rows the one with the
     most conditions wins, the first in the file among equals.  An omitted model
     means the provider's `model`; an omitted cap or temperature, `[llm]`'s.
+    `tier = "short"` rows apply when a budget is nearly used up (see `budgets`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -84,17 +85,20 @@ class ModelRoute(BaseModel):
     skill: Name | None = None
     channel: Name | None = None
     backend: Name | None = None
+    tier: Name | None = None
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float | None = Field(default=None, ge=0, le=2)
 
     @property
     def conditions(self) -> int:
-        return sum(v is not None for v in (self.archetype, self.skill, self.channel, self.backend))
+        return sum(v is not None for v in (self.archetype, self.skill, self.channel, self.backend,
+                                           self.tier))
 
     def matches(self, *, backend: str, archetype: str, skill: str | None,
-                channel: str | None) -> bool:
-        wanted = {"backend": backend, "archetype": archetype, "skill": skill, "channel": channel}
+                channel: str | None, tier: str | None = None) -> bool:
+        wanted = {"backend": backend, "archetype": archetype, "skill": skill, "channel": channel,
+                  "tier": tier}
         return all(getattr(self, key) in (None, value) for key, value in wanted.items())
 
 
@@ -110,8 +114,10 @@ class Price(BaseModel):
 
 
 def default_model_table() -> list[ModelRoute]:
-    """Owner (developer) gets the large model; guests a small one with short replies."""
+    """Owner (developer) gets the large model; guests a small one with short replies;
+    the short-answer tier of a nearly used budget, the small model (first: it wins ties)."""
     return [
+        ModelRoute(tier="short", backend="anthropic", model=ANTHROPIC_SMALL),
         ModelRoute(archetype="developer", backend="anthropic", model=ANTHROPIC_LARGE),
         ModelRoute(archetype="guest", backend="anthropic", model=ANTHROPIC_SMALL,
                    max_tokens=1024),

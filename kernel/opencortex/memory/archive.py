@@ -40,6 +40,7 @@ from urllib.parse import quote
 
 from opencortex.events import Thread
 from opencortex.memory.index import MessageIndex
+from opencortex.memory.partitions import DEFAULT_TOKENIZER, Partition
 from opencortex.memory.completeness import parse_thread_file
 from opencortex.memory.orgformat import Part, read_header_chat_id, render_entry, render_header
 from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit,
@@ -82,22 +83,25 @@ def _check_limit(limit: int) -> int:
 class Archive:
     """Remembered messages: org files per thread plus a SQLite FTS5 index."""
 
-    def __init__(self, root: Path, *, read_only: bool = False):
+    def __init__(self, root: Path, *, read_only: bool = False,
+                 tokenizer: str = DEFAULT_TOKENIZER):
         """Open the archive at ROOT (created when missing), repairing torn writes.
 
         READ_ONLY (a home that cannot be written): nothing is created or repaired,
         the index is built in memory from the org files, and `append` refuses.
+        TOKENIZER: "porter" (English stemming, the default) or "unicode61"
+        (words as written); an index made with another one is rebuilt.
         """
         self.root = Path(root)
         self.read_only = read_only
         self._lock = threading.RLock()
         if read_only:
-            self._index = MessageIndex(Path(":memory:"))
+            self._index = MessageIndex(Path(":memory:"), tokenizer=tokenizer)
             with self._lock:
                 self._catch_up()
             return
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._index = MessageIndex(self.root / INDEX_NAME)
+        self._index = MessageIndex(self.root / INDEX_NAME, tokenizer=tokenizer)
         self.repair()
 
     def __enter__(self) -> Archive:
@@ -110,6 +114,18 @@ class Archive:
         """Close the index (the org files are closed after every operation)."""
         with self._lock:
             self._index.close()
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while files and index change together (`retention` holds it too)."""
+        return self._lock
+
+    def set_partition(self, partition: Partition) -> int:
+        """Rank search per owner as PARTITION (thread -> owner name) says: each owner's
+        messages are scored with that owner's word statistics.  Threads indexed
+        under another owner are moved; returns how many.  Scope is unaffected."""
+        with self._lock:
+            return self._index.set_partition(partition)
 
     # -- files -------------------------------------------------------------
 
@@ -253,14 +269,16 @@ class Archive:
 
     def search(self, query: str, *, thread: Thread | None = None,
                threads: Sequence[Thread] | None = None, limit: int = 10,
-               exclude_ids: Collection[str] = ()) -> list[SearchHit]:
+               exclude_ids: Collection[str] = (),
+               window: tuple[float, float] | None = None) -> list[SearchHit]:
         """Messages matching the words of QUERY, best first (BM25).
 
         Any word matches (OR); at most 1000 hits.  Scores are -bm25: higher is
         better.  With THREAD and/or THREADS, only messages of those threads (both
         together: their union; an empty THREADS alone: nothing).  Messages whose
         id is in EXCLUDE_IDS and control records are left out.  Very common words
-        are skipped while rarer ones remain (see `MessageIndex.search`).
+        are skipped while rarer ones remain (see `MessageIndex.search`).  WINDOW
+        (start, end epoch seconds): only messages said in that span.
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be text, not {type(query).__name__}")
@@ -277,7 +295,14 @@ class Archive:
             raise TypeError("exclude_ids must be a collection of ids, not one string")
         limit = min(_check_limit(limit), MAX_HITS)
         with self._lock:
-            return self._index.search(query, scope, limit, exclude_ids) if limit else []
+            if not limit:
+                return []
+            return self._index.search(query, scope, limit, exclude_ids, window)
+
+    def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
+        """The messages just before and after MESSAGE_ID in its thread (None: none)."""
+        with self._lock:
+            return self._index.neighbours(message_id)
 
     def read_thread(self, thread: Thread) -> list[MessageRecord]:
         """Every complete message of THREAD, parsed from its org file with orgparse."""
@@ -313,6 +338,17 @@ class Archive:
                     reports.append(report)
             self._catch_up()
         return reports
+
+    def replace_indexed(self, path: Path, entries: Sequence[tuple[int, MessageRecord]],
+                        size: int) -> None:
+        """Index PATH anew as ENTRIES (offset, record) up to SIZE bytes, after `retention`
+        rewrote it (or removed it: no entries, size 0)."""
+        name = self._name(path)
+        with self._lock:
+            self._index.forget_file(name)
+            if entries:
+                self._index.add((name, offset, record) for offset, record in entries)
+                self._index.set_file_size(name, size)
 
     def reindex(self) -> int:
         """Drop the index and rebuild it from the org files; returns the message count."""

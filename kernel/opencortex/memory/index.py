@@ -5,17 +5,21 @@ dropped and rebuilt at any time.  Tables:
 
 - `messages`: one row per message with its file and byte offset (the order of
   a thread is the order of its file);
-- `fts`: an FTS5 table over the message text, with the thread as a single
-  opaque token in its own column so `thread:(A OR B) AND text:(...)` narrows
-  fast.  Control records (a branch/head/pin note, marked by a CONTROL extra
-  property) are kept in `messages` but never put in `fts`: search cannot
-  return them;
-- `files`: for each org file, how many of its bytes are known to be indexed.
+- `fts_N`: one FTS5 table per partition (an owner, see `partitions`) over
+  the message text, with the thread as a single opaque token in its own
+  column so `thread:(A OR B) AND text:(...)` narrows fast.  Ranking (bm25)
+  thus uses the owner's own word statistics.  Control records (a
+  branch/head/pin note, marked by a CONTROL extra property) are kept in
+  `messages` but never put in an FTS table: search cannot return them;
+- `files`: for each org file, how many of its bytes are known to be indexed;
+- `meta`: the tokenizer the FTS tables were made with ("porter" stems English
+  words, so "donated" finds "donate").
+
+An index of another schema version or tokenizer is rebuilt on open.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sqlite3
@@ -24,12 +28,15 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from opencortex.events import Thread
+from opencortex.memory.partitions import (DEFAULT_TOKENIZER, Partition, Partitions,
+                                          fts_tables, thread_token, NOT_CONTROL)  # noqa: F401
+from opencortex.memory.query import (MAX_QUERY_TERMS, match_query,  # noqa: F401 (re-exported)
+                                     query_phrases, query_words)
 from opencortex.memory.records import MessageRecord, SearchHit
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-MAX_QUERY_TERMS = 32
+SCHEMA_VERSION = 2
 CONTROL_KEY = "CONTROL"     # extra property marking a control record (never searchable)
 COMMON_DOCS = 2000          # a word found in more messages than this is "very common"
 MATCH_BUDGET = 4000         # most messages the words of one ranked search may match together
@@ -47,34 +54,12 @@ CREATE TABLE messages (
 CREATE INDEX messages_in_thread ON messages (channel, chat_id, offset);
 CREATE INDEX messages_in_file ON messages (file);
 CREATE TABLE files (path TEXT PRIMARY KEY, size INTEGER NOT NULL);
-CREATE VIRTUAL TABLE fts USING fts5 (text, thread, tokenize = 'unicode61 remove_diacritics 2');
-INSERT INTO fts (fts, rank) VALUES ('rank', 'bm25(1.0, 0.0)');
+CREATE TABLE parts (name TEXT PRIMARY KEY, tab INTEGER NOT NULL UNIQUE);
+CREATE TABLE thread_parts (channel TEXT NOT NULL, chat_id TEXT NOT NULL, part TEXT NOT NULL,
+                           PRIMARY KEY (channel, chat_id));
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-
-
-def thread_token(thread: Thread) -> str:
-    """The single FTS token standing for THREAD."""
-    return "t" + hashlib.sha256(str(thread).encode("utf-8")).hexdigest()[:24]
-
-
-def query_phrases(text: str) -> list[str]:
-    """The words of user text as quoted FTS5 phrases (first MAX_QUERY_TERMS, no repeats).
-
-    Quoting makes every FTS5 operator and special character plain text, so no
-    syntax error can arise.
-    """
-    words = list(dict.fromkeys(text.replace("\0", " ").split()))[:MAX_QUERY_TERMS]
-    return ['"' + word.replace('"', '""') + '"' for word in words]
-
-
-def match_query(text: str) -> str | None:
-    """Turn user text into a safe FTS5 query: its words, each quoted, joined by OR.
-
-    Returns None when the text holds no words.
-    """
-    return " OR ".join(query_phrases(text)) or None
-
-
+_TABLES = ("messages", "files", "parts", "thread_parts", "meta")
 def is_control(extra: Mapping[str, str]) -> bool:
     """True for a control record (branch/head/pin bookkeeping, not conversation)."""
     return CONTROL_KEY in extra
@@ -91,13 +76,16 @@ def _record(row: Sequence) -> dict:
 class MessageIndex:
     """History and search over the archive, stored in one SQLite file (WAL mode)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, tokenizer: str = DEFAULT_TOKENIZER):
         """Open the index at PATH; an unreadable one is deleted and created anew (empty).
 
-        The archive then fills an empty index from the org files.
+        TOKENIZER: "porter" (English stemming) or "unicode61"; an index made
+        with another one is emptied.  The archive then fills an empty index
+        from the org files.
         """
         self.path = Path(path)
-        self._common: set[str] = set()      # phrases known to be very common (see search)
+        self._common: set[tuple[str, str]] = set()   # (table, phrase) known to be very common
+        self._parts = Partitions(tokenizer)           # attached to the connection below
         try:
             self._db = self._open()
         except sqlite3.DatabaseError as error:
@@ -105,6 +93,7 @@ class MessageIndex:
                         type(error).__name__)
             self._remove_files()
             self._db = self._open()
+        self._parts.attach(self._db)
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -114,6 +103,9 @@ class MessageIndex:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version != SCHEMA_VERSION:
                 self._create(db)
+            elif self._tokenizer(db) != self._parts.tokenizer:
+                log.info("index %s was made with another tokenizer; rebuilding it", self.path)
+                self._create(db, force=True)
             db.execute("SELECT count(*) FROM files").fetchone()
         except sqlite3.DatabaseError:
             db.close()
@@ -121,22 +113,32 @@ class MessageIndex:
         return db
 
     @staticmethod
-    def _create(db: sqlite3.Connection, *, force: bool = False) -> None:
-        """(Re)create the schema, unless another process just did (or FORCE)."""
+    def _tokenizer(db: sqlite3.Connection) -> str | None:
+        row = db.execute("SELECT value FROM meta WHERE key = 'tokenizer'").fetchone()
+        return None if row is None else row[0]
+
+    def _create(self, db: sqlite3.Connection, *, force: bool = False) -> None:
+        """(Re)create the schema, unless another process just did (or FORCE).
+
+        An index of an older schema (one shared FTS table) is dropped whole: the
+        archive then rebuilds it from the org files."""
         db.execute("BEGIN IMMEDIATE")
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if force or version != SCHEMA_VERSION:
-                for table in ("fts", "messages", "files"):
+                for table in fts_tables(db) + list(_TABLES):
                     db.execute(f"DROP TABLE IF EXISTS {table}")
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
+                db.execute("INSERT INTO meta (key, value) VALUES ('tokenizer', ?)",
+                           (self._parts.tokenizer,))
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        self._parts.forget_cache()
 
     def _remove_files(self) -> None:
         for suffix in ("", "-wal", "-shm"):
@@ -152,17 +154,39 @@ class MessageIndex:
 
     # -- writing -----------------------------------------------------------
 
+    def _write(self, work) -> None:
+        """Run WORK() in one write transaction (the table cache is dropped on failure)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            work()
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            self._parts.forget_cache()
+            raise
+
+    def set_partition(self, partition: Partition) -> int:
+        """Rank per PARTITION (thread -> owner name) from now on; threads indexed under
+        another partition are moved.  Returns how many threads moved."""
+        self._parts.partition = partition
+        moves = self._parts.moves(partition)
+        if moves:
+            self._write(lambda: [self._parts.move(thread, part) for thread, part in moves])
+            self._common.clear()
+            log.info("index: %d thread(s) moved to another owner's table", len(moves))
+        return len(moves)
+
     def add(self, entries: Iterable[tuple[str, int, MessageRecord]]) -> int:
         """Index (file, offset, record) triples; already indexed ids are skipped.
 
         Returns how many were new.
         """
         added = 0
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+
+        def work() -> None:
+            nonlocal added
             for file, offset, rec in entries:
-                cursor = db.execute(
+                cursor = self._db.execute(
                     f"INSERT OR IGNORE INTO messages ({_COLUMNS}, file, offset) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (rec.id, rec.role, rec.text, rec.channel, rec.chat_id, rec.sender,
@@ -170,28 +194,21 @@ class MessageIndex:
                      json.dumps(rec.extra, sort_keys=True), file, offset))
                 if cursor.rowcount == 1:
                     if not is_control(rec.extra):
-                        db.execute("INSERT INTO fts (rowid, text, thread) VALUES (?, ?, ?)",
-                                   (cursor.lastrowid, rec.text, thread_token(rec.thread)))
+                        table = self._parts.table_of(rec.thread)
+                        self._db.execute(
+                            f"INSERT INTO {table} (rowid, text, thread) VALUES (?, ?, ?)",
+                            (cursor.lastrowid, rec.text, thread_token(rec.thread)))
                     added += 1
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        self._write(work)
         return added
 
     def forget_file(self, file: str) -> None:
         """Remove every message indexed from FILE, and its recorded size."""
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute("DELETE FROM fts WHERE rowid IN (SELECT seq FROM messages WHERE file = ?)",
-                       (file,))
-            db.execute("DELETE FROM messages WHERE file = ?", (file,))
-            db.execute("DELETE FROM files WHERE path = ?", (file,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        def work() -> None:
+            self._parts.delete_file(file)
+            self._db.execute("DELETE FROM messages WHERE file = ?", (file,))
+            self._db.execute("DELETE FROM files WHERE path = ?", (file,))
+        self._write(work)
         self._common.clear()
 
     def file_sizes(self) -> dict[str, int]:
@@ -239,61 +256,110 @@ class MessageIndex:
             (thread.channel, thread.chat_id)).fetchall()
         return [MessageRecord(**_record(row)) for row in rows]
 
-    def search(self, query: str, threads: Collection[Thread] | None, limit: int,
-               exclude_ids: Collection[str] = ()) -> list[SearchHit]:
-        """Best BM25 matches for the words of QUERY (any word), optionally only in THREADS.
+    def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
+        """The conversation messages just before and just after MESSAGE_ID in its thread's
+        file (None at either end, or both when MESSAGE_ID is not indexed)."""
+        row = self._db.execute("SELECT channel, chat_id, offset FROM messages WHERE id = ?",
+                               (message_id,)).fetchone()
+        if row is None:
+            return None, None
+        found = []
+        for sign, order in (("<", "DESC"), (">", "ASC")):
+            near = self._db.execute(
+                f"SELECT {_COLUMNS} FROM messages WHERE channel = ? AND chat_id = ? AND "
+                f"offset {sign} ? AND {NOT_CONTROL} ORDER BY offset {order} LIMIT 1",
+                row).fetchone()
+            found.append(None if near is None else MessageRecord(**_record(near)))
+        return found[0], found[1]
 
-        Messages whose id is in EXCLUDE_IDS and control records are never returned.
-        Ranking costs time per matching message, and common words weigh little in
-        BM25: the rarest words are kept while together they match at most
+    def search(self, query: str, threads: Collection[Thread] | None, limit: int,
+               exclude_ids: Collection[str] = (),
+               window: tuple[float, float] | None = None) -> list[SearchHit]:
+        """Best BM25 matches for the words of QUERY (any word), optionally only in THREADS
+        and only said within WINDOW (start, end epoch seconds, end excluded).
+
+        Each owner's table is ranked with its own statistics; results of several
+        owners are merged by score.  Messages whose id is in EXCLUDE_IDS and
+        control records are never returned.  Ranking costs time per matching
+        message, and common words weigh little in BM25: the rarest words (in
+        the owner's table) are kept while together they match at most
         MATCH_BUDGET messages (the rarest one always, unless it is very common:
-        in more than COMMON_DOCS messages).  When every word is very common, or a
-        ranked search runs longer than SEARCH_TIME_LIMIT, the newest matches are
-        returned instead (no full ranking).
+        in more than COMMON_DOCS messages).  When every word is very common, or
+        a ranked search runs longer than SEARCH_TIME_LIMIT, the newest matches
+        are returned instead (no full ranking).
         """
         phrases = query_phrases(query)
         if not phrases or limit <= 0 or (threads is not None and not threads):
             return []
-        scope = None if threads is None else {tuple(thread) for thread in threads}
-        rare = self._rarest(phrases)
-        words = f"text:({' OR '.join(rare or phrases)})"
-        match = words
-        if scope is not None:
-            tokens = sorted({thread_token(Thread(*thread)) for thread in scope})
-            match = f"thread:({' OR '.join(tokens)}) AND {words}"
+        scope = None if threads is None else {Thread(*thread) for thread in threads}
         exclude = set(exclude_ids)
-        wanted = limit + len(exclude)
-        ranked = None
-        if rare:
-            ranked = self._matches(match, wanted, "rank", time_limit=SEARCH_TIME_LIMIT)
-        if ranked is None:
-            ranked = self._matches(match, wanted, "rowid DESC")
-        if not ranked:
+        found: list[tuple[tuple, int, float, str, str]] = []   # key, rowid, rank, table, words
+        for table, tokens in self._targets(scope):
+            found += self._search_table(table, tokens, phrases, limit + len(exclude), window)
+        if not found:
             return []
-        rowids = [rowid for rowid, _ in ranked]
+        found.sort(key=lambda item: item[0])
+        rowids = [item[1] for item in found]
         marks = ", ".join("?" * len(rowids))
         rows = {row[-1]: row for row in self._db.execute(
             f"SELECT {_COLUMNS}, seq FROM messages WHERE seq IN ({marks})", rowids)}
-        kept = [(rowid, rank) for rowid, rank in ranked
-                if rowid in rows and rows[rowid][0] not in exclude
-                and (scope is None or rows[rowid][3:5] in scope)][:limit]
-        if not kept:
-            return []
-        marks = ", ".join("?" * len(kept))         # snippets need the words only (faster)
-        snippets = dict(self._db.execute(
-            "SELECT rowid, snippet(fts, 0, '[', ']', '…', 12) FROM fts "
-            f"WHERE fts MATCH ? AND rowid IN ({marks})", (words, *(r for r, _ in kept))))
+        kept = [item for item in found
+                if item[1] in rows and rows[item[1]][0] not in exclude
+                and (scope is None or Thread(*rows[item[1]][3:5]) in scope)][:limit]
+        snippets = self._snippets(kept)
         hits = []
-        for rowid, rank in kept:
+        for _, rowid, rank, _, _ in kept:
             record = _record(rows[rowid])
             if not is_control(record["extra"]):    # an index built before control records
                 hits.append(SearchHit(**record, score=-rank, snippet=snippets.get(rowid, "")))
         return hits
 
-    def _rarest(self, phrases: list[str]) -> list[str]:
-        """The rarest of PHRASES that together match at most MATCH_BUDGET messages
-        (at least one, unless all are very common: then none)."""
-        counted = sorted((self._frequency(phrase), n, phrase) for n, phrase in enumerate(phrases))
+    def _targets(self, scope: set[Thread] | None) -> list[tuple[str, list[str] | None]]:
+        """(table, thread tokens to filter on, or None for the whole table) to search."""
+        if scope is None:
+            return [(table, None) for table in self._parts.tables()]
+        by_table: dict[str, list[Thread]] = {}
+        for thread in scope:
+            table = self._parts.known_table(thread)
+            if table is not None:
+                by_table.setdefault(table, []).append(thread)
+        targets = []
+        for table, members in sorted(by_table.items()):
+            whole = len(members) == self._parts.threads_in(table)
+            targets.append((table, None if whole else sorted(thread_token(t) for t in members)))
+        return targets
+
+    def _search_table(self, table: str, tokens: list[str] | None, phrases: list[str],
+                      wanted: int, window: tuple[float, float] | None
+                      ) -> list[tuple[tuple, int, float, str, str]]:
+        """Ranked (or, failing that, newest) matches in one owner's TABLE."""
+        rare = self._rarest(table, phrases)
+        words = f"text:({' OR '.join(rare or phrases)})"
+        match = words if tokens is None else f"thread:({' OR '.join(tokens)}) AND {words}"
+        ranked = None
+        if rare:
+            ranked = self._matches(table, match, wanted, "f.rank", window,
+                                   time_limit=SEARCH_TIME_LIMIT)
+            if ranked is not None:
+                return [((0, rank), rowid, rank, table, words) for rowid, rank in ranked]
+        newest = self._matches(table, match, wanted, "f.rowid DESC", window) or []
+        return [((1, -rowid), rowid, rank, table, words) for rowid, rank in newest]
+
+    def _snippets(self, kept: list[tuple[tuple, int, float, str, str]]) -> dict[int, str]:
+        """rowid -> snippet of the matched words, for the KEPT matches."""
+        snippets: dict[int, str] = {}
+        for _, rowid, _, table, words in kept:       # one seek per row: no full match list
+            row = self._db.execute(
+                f"SELECT snippet({table}, 0, '[', ']', '…', 12) FROM {table} "
+                f"WHERE {table} MATCH ? AND rowid = ?", (words, rowid)).fetchone()
+            snippets[rowid] = row[0] if row else ""
+        return snippets
+
+    def _rarest(self, table: str, phrases: list[str]) -> list[str]:
+        """The rarest of PHRASES in TABLE that together match at most MATCH_BUDGET
+        messages (at least one, unless all are very common: then none)."""
+        counted = sorted((self._frequency(table, phrase), n, phrase)
+                         for n, phrase in enumerate(phrases))
         kept, total = [], 0
         for found, _, phrase in counted:
             if found > COMMON_DOCS or (kept and total + found > MATCH_BUDGET):
@@ -302,29 +368,37 @@ class MessageIndex:
             total += found
         return kept
 
-    def _frequency(self, phrase: str) -> int:
-        """In how many messages PHRASE occurs, counted up to COMMON_DOCS + 1."""
-        if phrase in self._common:
+    def _frequency(self, table: str, phrase: str) -> int:
+        """In how many messages of TABLE PHRASE occurs, counted up to COMMON_DOCS + 1."""
+        if (table, phrase) in self._common:
             return COMMON_DOCS + 1
         found = self._db.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM fts WHERE fts MATCH ? LIMIT ?)",
+            f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT ?)",
             (f"text:{phrase}", COMMON_DOCS + 1)).fetchone()[0]
         if found > COMMON_DOCS:
             if len(self._common) >= MAX_COMMON_CACHE:
                 self._common.clear()
-            self._common.add(phrase)
+            self._common.add((table, phrase))
         return found
 
-    def _matches(self, match: str, limit: int, order: str,
+    def _matches(self, table: str, match: str, limit: int, order: str,
+                 window: tuple[float, float] | None = None,
                  time_limit: float | None = None) -> list[tuple[int, float]] | None:
-        """(rowid, rank) of the first LIMIT matches in ORDER; None when TIME_LIMIT ran out."""
+        """(rowid, rank) of the first LIMIT matches in ORDER (said within WINDOW, if
+        given); None when TIME_LIMIT ran out."""
+        sql = (f"SELECT f.rowid, f.rank FROM {table} f WHERE f.{table} MATCH ? "
+               f"ORDER BY {order} LIMIT ?")
+        values: tuple = (match, limit)
+        if window is not None:
+            sql = (f"SELECT f.rowid, f.rank FROM {table} f JOIN messages m ON m.seq = f.rowid "
+                   f"WHERE f.{table} MATCH ? AND m.epoch >= ? AND m.epoch < ? "
+                   f"ORDER BY {order} LIMIT ?")
+            values = (match, *window, limit)
         if time_limit is not None:
             deadline = time.monotonic() + time_limit
             self._db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
         try:
-            return self._db.execute(
-                f"SELECT rowid, rank FROM fts WHERE fts MATCH ? ORDER BY {order} LIMIT ?",
-                (match, limit)).fetchall()
+            return self._db.execute(sql, values).fetchall()
         except sqlite3.OperationalError as error:
             if time_limit is not None and "interrupt" in str(error):
                 log.info("ranked search ran past %.2f s; returning the newest matches",

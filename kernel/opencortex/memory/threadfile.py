@@ -30,17 +30,37 @@ class ArchiveError(RuntimeError):
 
 @contextmanager
 def locked(path: Path, *, exclusive: bool, create: bool = False) -> Iterator[int]:
-    """Open PATH and hold an flock on it (exclusive: read-write-append; shared: read-only)."""
+    """Open PATH and hold an flock on it (exclusive: read-write-append; shared: read-only).
+
+    When the file was replaced or removed while waiting for the lock (retention
+    rewrites files by renaming a new one over them), the new file is opened instead."""
     if exclusive:
         flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
     else:
         flags = os.O_RDONLY
-    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    for _ in range(REOPEN_ATTEMPTS):
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            if _same_file(fd, path):
+                yield fd
+                return
+        finally:
+            os.close(fd)          # closing the descriptor releases the lock
+    raise ArchiveError(f"{path} keeps being replaced; try again")
+
+
+REOPEN_ATTEMPTS = 10
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether the open FD is still the file at PATH (not replaced or removed since)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield fd
-    finally:
-        os.close(fd)          # closing the descriptor releases the lock
+        current = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (opened.st_dev, opened.st_ino) == (current.st_dev, current.st_ino)
 
 
 def read_range(fd: int, start: int, end: int) -> bytes:

@@ -1,0 +1,166 @@
+"""One FTS5 table per owner, so ranking uses that owner's own word statistics.
+
+FTS5's bm25 takes term rarity and the average message length from the whole
+table it searches.  With every owner in one table, a name that fills one
+person's chats but is rare across the archive weighs far too much, and the
+words of other people's chats decide what counts as rare.  So the index keeps
+one FTS5 table per *partition*, and a partition is an owner: the function
+that names it (`default_partition` unless `MessageIndex.set_partition` is
+given the recall configuration's owner function) decides, per thread.
+
+Tables:
+
+- ``parts (name, tab)``: partition name -> the number N of its table ``fts_N``;
+- ``thread_parts (channel, chat_id, part)``: which partition each thread is in.
+
+The partition only shapes ranking.  Isolation never depends on it: searches
+still filter by the thread column, and recall checks every hit's owner.
+Control records are never put in an FTS table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Callable, Iterable
+
+from opencortex.events import Thread
+
+LOCAL_PARTITION = "local"
+LOCAL_CHANNELS = frozenset({"emacs", "cli"})
+TOKENIZERS = {
+    "porter": "porter unicode61 remove_diacritics 2",      # English stemming (default)
+    "unicode61": "unicode61 remove_diacritics 2",          # words as written
+}
+DEFAULT_TOKENIZER = "porter"
+NOT_CONTROL = "json_extract(extra, '$.CONTROL') IS NULL"
+
+Partition = Callable[[Thread], str]
+
+
+def default_partition(thread: Thread) -> str:
+    """The owner of THREAD without configuration: "local" for Emacs and terminal
+    threads, else the thread itself ("telegram:123")."""
+    thread = Thread(*thread)
+    return LOCAL_PARTITION if thread.channel in LOCAL_CHANNELS else str(thread)
+
+
+def thread_token(thread: Thread) -> str:
+    """The single FTS token standing for THREAD."""
+    return "t" + hashlib.sha256(str(thread).encode("utf-8")).hexdigest()[:24]
+
+
+def fts_tables(db: sqlite3.Connection) -> list[str]:
+    """Names of the FTS5 tables in DB (any schema version: "fts" and "fts_N")."""
+    return [name for (name,) in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL%' "
+        "AND (name = 'fts' OR name GLOB 'fts_[0-9]*')")]
+
+
+class Partitions:
+    """The FTS table of each thread, created on first use; threads moved when their
+    partition changes.  Callers hold a transaction where they write."""
+
+    def __init__(self, tokenizer: str = DEFAULT_TOKENIZER):
+        """Partitions whose tables use TOKENIZER (a key of TOKENIZERS); `attach` a
+        connection before use."""
+        if tokenizer not in TOKENIZERS:
+            raise ValueError(f"unknown tokenizer {tokenizer!r}; choose one of: "
+                             f"{', '.join(sorted(TOKENIZERS))}")
+        self._db: sqlite3.Connection | None = None
+        self.tokenizer = tokenizer
+        self.partition: Partition = default_partition
+        self._tables: dict[Thread, str] = {}
+
+    def attach(self, db: sqlite3.Connection) -> None:
+        """Work on the index connection DB from now on."""
+        self._db = db
+        self._tables.clear()
+
+    def forget_cache(self) -> None:
+        """Drop what is remembered about tables (after the schema was recreated)."""
+        self._tables.clear()
+
+    def table_of(self, thread: Thread) -> str:
+        """The FTS table THREAD's messages go to (made, and the thread recorded, if new)."""
+        thread = Thread(*thread)
+        table = self._tables.get(thread)
+        if table is None:
+            row = self._db.execute(
+                "SELECT tab FROM thread_parts JOIN parts ON part = name "
+                "WHERE channel = ? AND chat_id = ?", tuple(thread)).fetchone()
+            if row is None:
+                part = self.partition(thread)
+                number = self._table_number(part)
+                self._db.execute("INSERT INTO thread_parts (channel, chat_id, part) "
+                                 "VALUES (?, ?, ?)", (*thread, part))
+            else:
+                number = row[0]
+            table = self._tables[thread] = f"fts_{number}"
+        return table
+
+    def known_table(self, thread: Thread) -> str | None:
+        """THREAD's FTS table, or None when nothing of THREAD was ever indexed."""
+        thread = Thread(*thread)
+        if thread in self._tables:
+            return self._tables[thread]
+        row = self._db.execute(
+            "SELECT tab FROM thread_parts JOIN parts ON part = name "
+            "WHERE channel = ? AND chat_id = ?", tuple(thread)).fetchone()
+        if row is None:
+            return None
+        table = self._tables[thread] = f"fts_{row[0]}"
+        return table
+
+    def tables(self) -> list[str]:
+        """Every partition's FTS table."""
+        return [f"fts_{n}" for (n,) in self._db.execute("SELECT tab FROM parts ORDER BY tab")]
+
+    def threads_in(self, table: str) -> int:
+        """How many threads share TABLE."""
+        return self._db.execute(
+            "SELECT count(*) FROM thread_parts JOIN parts ON part = name WHERE tab = ?",
+            (int(table.removeprefix("fts_")),)).fetchone()[0]
+
+    def _table_number(self, part: str) -> int:
+        """The table number of partition PART, making its FTS5 table when new."""
+        row = self._db.execute("SELECT tab FROM parts WHERE name = ?", (part,)).fetchone()
+        if row is not None:
+            return row[0]
+        number = self._db.execute("SELECT coalesce(max(tab), 0) + 1 FROM parts").fetchone()[0]
+        self._db.execute("INSERT INTO parts (name, tab) VALUES (?, ?)", (part, number))
+        self._db.execute(f"CREATE VIRTUAL TABLE fts_{number} USING fts5 "
+                         f"(text, thread, tokenize = '{TOKENIZERS[self.tokenizer]}')")
+        self._db.execute(f"INSERT INTO fts_{number} (fts_{number}, rank) "
+                         "VALUES ('rank', 'bm25(1.0, 0.0)')")
+        return number
+
+    def moves(self, partition: Partition) -> list[tuple[Thread, str]]:
+        """Threads whose partition under PARTITION differs from the recorded one."""
+        rows = self._db.execute("SELECT channel, chat_id, part FROM thread_parts").fetchall()
+        return [(Thread(c, i), partition(Thread(c, i))) for c, i, part in rows
+                if partition(Thread(c, i)) != part]
+
+    def move(self, thread: Thread, part: str) -> None:
+        """Move THREAD's searchable messages to partition PART's table."""
+        old = self.table_of(thread)
+        self._db.execute(f"DELETE FROM {old} WHERE rowid IN (SELECT seq FROM messages "
+                         "WHERE channel = ? AND chat_id = ?)", tuple(thread))
+        new = f"fts_{self._table_number(part)}"
+        self._db.execute("UPDATE thread_parts SET part = ? WHERE channel = ? AND chat_id = ?",
+                         (part, *thread))
+        self._db.execute(f"INSERT INTO {new} (rowid, text, thread) SELECT seq, text, ? "
+                         f"FROM messages WHERE channel = ? AND chat_id = ? AND {NOT_CONTROL}",
+                         (thread_token(thread), *thread))
+        self._tables[Thread(*thread)] = new
+
+    def delete_file(self, file: str) -> None:
+        """Remove the messages indexed from FILE from their threads' tables."""
+        threads = self._db.execute("SELECT DISTINCT channel, chat_id FROM messages "
+                                   "WHERE file = ?", (file,)).fetchall()
+        for channel, chat_id in threads:
+            table = self.known_table(Thread(channel, chat_id))
+            if table is not None:
+                self._db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT seq FROM messages "
+                                 "WHERE file = ? AND channel = ? AND chat_id = ?)",
+                                 (file, channel, chat_id))

@@ -1,0 +1,121 @@
+"""Retention: forget a thread's messages, from its org file and the index together.
+
+`forget(archive, thread, before=None)` removes the thread's messages (all of
+them, or those older than BEFORE, an epoch) and returns how many went;
+`count_forgettable` says how many would go, changing nothing.
+
+Forgetting everything removes the thread's file.  Forgetting older messages
+rewrites the file crash-safely while holding its exclusive lock: the kept
+entries are written to `<file>.forget-tmp`, fsynced, renamed over the file,
+and the directory is fsynced.  A crash leaves either the old file or the new
+one (a leftover temporary file is ignored and replaced next time).  Control
+records (branch, head and pin notes) are kept.  The index then forgets the
+file and indexes the kept entries at their new offsets; if the process dies
+in between, the index sees a file of another size on its next start and
+reads it again, so index and files always end up agreeing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+from opencortex.events import Thread
+from opencortex.memory.archive import Archive
+from opencortex.memory.completeness import parse_thread_file
+from opencortex.memory.index import is_control
+from opencortex.memory.orgformat import Part, render_entry, render_header
+from opencortex.memory.records import MessageRecord, check_thread
+from opencortex.memory.threadfile import ArchiveError, locked, read_range, write_all
+
+log = logging.getLogger(__name__)
+
+TEMP_SUFFIX = ".forget-tmp"
+
+
+def parse_before(text: str) -> float:
+    """The epoch of DATE (`2026-11-01` or an ISO date and time; UTC unless it says)."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"--before {text!r} is not a date; use YYYY-MM-DD or an ISO "
+                         "date and time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def _goes(record: MessageRecord, before: float | None) -> bool:
+    """Whether RECORD is forgotten: a message (not a control record), older than BEFORE."""
+    if before is None:
+        return True
+    return not is_control(record.extra) and record.timestamp < before
+
+
+def count_forgettable(archive: Archive, thread: Thread, before: float | None = None) -> int:
+    """How many messages of THREAD `forget` would remove (nothing changes)."""
+    thread = check_thread(thread)
+    return sum(1 for record in archive.read_thread(thread)
+               if not is_control(record.extra) and _goes(record, before))
+
+
+def forget(archive: Archive, thread: Thread, before: float | None = None) -> int:
+    """Remove THREAD's messages (older than BEFORE, or all) from file and index; the count."""
+    thread = check_thread(thread)
+    if archive.read_only:
+        raise ArchiveError(f"the archive at {archive.root} is open read-only; nothing can be "
+                           "forgotten (make the home writable)")
+    path = archive.thread_file(thread)
+    name = path.relative_to(archive.root).as_posix()
+    with archive.lock:
+        if not path.exists():
+            return 0
+        with locked(path, exclusive=True) as fd:
+            records = [record for _, record in
+                       parse_thread_file(read_range(fd, 0, os.fstat(fd).st_size)).entries
+                       if record.thread == thread]
+            gone = [r for r in records if not is_control(r.extra) and _goes(r, before)]
+            if not gone:
+                return 0
+            kept = [r for r in records if not _goes(r, before)]
+            if kept:
+                entries, size = _rewrite(path, thread, kept)
+            else:
+                path.unlink()
+                entries, size = [], 0
+            _sync_directory(path.parent)
+        archive.replace_indexed(path, entries, size)
+    log.info("forgot %d message(s) of %s", len(gone), name)
+    return len(gone)
+
+
+def _rewrite(path: Path, thread: Thread, kept: list[MessageRecord]
+             ) -> tuple[list[tuple[int, MessageRecord]], int]:
+    """Write KEPT as PATH's new content (temporary file, fsync, rename); (offsets, size).
+
+    Each kept entry becomes a complete write of its own (`:PART: 1/1`)."""
+    header = render_header(thread).encode("utf-8")
+    chunks = [render_entry(record, Part(1, 1)).encode("utf-8") for record in kept]
+    entries, offset = [], len(header)
+    for record, chunk in zip(kept, chunks, strict=True):
+        entries.append((offset, record))
+        offset += len(chunk)
+    temporary = path.with_name(path.name + TEMP_SUFFIX)
+    out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        write_all(out, header + b"".join(chunks))
+        os.fsync(out)
+    finally:
+        os.close(out)
+    os.replace(temporary, path)
+    return entries, offset
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,167 @@
+"""Recall ranking: per-owner statistics, stemming, dates, neighbours, /recall's reasons,
+and the index schema migration (issue 13)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from datetime import datetime
+
+import pytest
+
+from opencortex.conversation.recall import Recall
+from opencortex.conversation.recalldates import date_hint
+from opencortex.events import Thread
+from opencortex.memory import Archive, NewMessage
+from opencortex.memory.query import query_words
+
+CLI = Thread("cli", "local")
+EMACS = Thread("emacs", "notes")
+ALICE = Thread("telegram", "1001")
+BOB = Thread("telegram", "1002")
+DAY = 86400.0
+
+
+@pytest.fixture
+def archive(tmp_path):
+    with Archive(tmp_path / "memory") as opened:
+        yield opened
+
+
+def say(text: str, thread: Thread, role: str = "user", **fields) -> NewMessage:
+    return NewMessage(role=role, text=text, thread=thread, **fields)
+
+
+def test_a_name_frequent_in_the_owners_chats_does_not_crowd_out_the_answer(archive):
+    archive.append([say(f"hey Caroline, how are you {i}", CLI) for i in range(40)])
+    [answer] = archive.append([say("Caroline: I gave my old bikes to the animal shelter "
+                                   "yesterday, it took the whole afternoon", CLI)])
+    archive.append([say(f"the shelter is closed today, friend {i}", ALICE) for i in range(200)])
+    recall = Recall(archive, {})
+    [best, *_] = recall.recall(EMACS, "What did Caroline give the shelter?", k=5)
+    assert best.id == answer.id
+
+
+def test_each_owner_has_its_own_table_and_a_configured_owner_moves_there(archive):
+    archive.append([say("walrus notes for the local user", CLI)])
+    [mine] = archive.append([say("walrus notes mapped to local", ALICE)])
+    archive.append([say("walrus notes of bob", BOB)])
+    db = sqlite3.connect(archive.root / "index.sqlite")
+    parts = dict(db.execute("SELECT chat_id, part FROM thread_parts"))
+    assert parts == {"local": "local", "1001": "telegram:1001", "1002": "telegram:1002"}
+    recall = Recall(archive, {"telegram:1001": "local"})
+    parts = dict(db.execute("SELECT chat_id, part FROM thread_parts"))
+    assert parts["1001"] == "local"
+    texts = {e.id for e in recall.recall(CLI, "walrus", k=5)}
+    assert mine.id in texts and len(texts) == 2          # bob's never comes
+    assert [h.text for h in archive.search("walrus", thread=BOB)] == ["walrus notes of bob"]
+    db.close()
+
+
+@pytest.mark.parametrize("question, text", [
+    ("what did she donate", "she donated two coats"),
+    ("where did they hike", "we went hiking up the ridge"),
+    ("Caroline's bikes?", "Caroline sold the bike"),
+])
+def test_stems_and_possessives_meet(archive, question, text):
+    archive.append([say(text, CLI), say("unrelated small talk", CLI)])
+    assert [h.text for h in archive.search(question)] == [text]
+
+
+def test_query_words_drop_punctuation_and_possessives():
+    assert query_words("Caroline's dog? Bob’s (cat) don't") == ["Caroline", "dog", "Bob",
+                                                                 "cat", "don't"]
+
+
+def test_an_index_of_the_old_schema_is_rebuilt_on_open(tmp_path):
+    root = tmp_path / "memory"
+    with Archive(root) as archive:
+        archive.append([say("the donated piano", CLI)])
+    db = sqlite3.connect(root / "index.sqlite")
+    for (name,) in db.execute("SELECT name FROM sqlite_master WHERE name GLOB 'fts_[0-9]*' "
+                              "AND sql LIKE 'CREATE VIRTUAL%'").fetchall():
+        db.execute(f"DROP TABLE {name}")
+    db.execute("CREATE VIRTUAL TABLE fts USING fts5 (text, thread)")   # the version 1 layout
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    with Archive(root) as reopened:
+        assert [h.text for h in reopened.search("donate")] == ["the donated piano"]
+    db = sqlite3.connect(root / "index.sqlite")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'fts'").fetchone()[0] == 0
+    db.close()
+
+
+def test_another_tokenizer_rebuilds_the_index(tmp_path):
+    root = tmp_path / "memory"
+    with Archive(root) as archive:
+        archive.append([say("the donated piano", CLI)])
+        assert archive.search("donate")
+    with Archive(root, tokenizer="unicode61") as plain:
+        assert plain.search("donate") == []
+        assert [h.text for h in plain.search("donated")] == ["the donated piano"]
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        Archive(root, tokenizer="klingon")
+
+
+def test_a_date_in_the_question_searches_that_period_first(archive):
+    now = time.time()
+    archive.append([say(f"I baked a {cake}", CLI, timestamp=now - days * DAY)
+                    for cake, days in (("carrot cake", 200), ("apple pie", 90),
+                                       ("banana bread", 2))])
+    recall = Recall(archive, {})
+    [best, *_] = recall.recall(EMACS, "What did I bake last week?", k=3)
+    assert "banana bread" in best.text
+    month = datetime.fromtimestamp(now - 90 * DAY).strftime("%B %Y")
+    [best, *_] = recall.recall(EMACS, f"What did I bake in {month}?", k=3)
+    assert "apple pie" in best.text
+
+
+def test_now_puts_the_newer_of_two_matches_first(archive):
+    now = time.time()
+    archive.append([say("I work as a nurse at Brightwell", CLI, timestamp=now - 300 * DAY),
+                    say("I work as a carpenter at Nordlicht", CLI, timestamp=now - 10 * DAY)])
+    [best, _] = Recall(archive, {}).recall(EMACS, "Where does she work now?", k=2)
+    assert "carpenter" in best.text
+
+
+def test_a_recalled_question_brings_its_reply_and_shows_its_date(archive):
+    archive.append([say("which port does staging use?", CLI),
+                    say("5433, since the move", CLI, role="assistant"),
+                    say("thanks", CLI)])
+    entries = Recall(archive, {}).recall(EMACS, "staging port", k=1)
+    assert len(entries) == 2
+    assert entries[1].text.endswith("next to a recalled message] 5433, since the move")
+    assert datetime.now().strftime("%Y-%m-%d") in entries[0].text
+
+
+def test_explain_says_what_matched_when_and_the_period(archive):
+    archive.append([say("the walrus sang yesterday", CLI, timestamp=time.time() - DAY)])
+    text = Recall(archive, {}).explain(EMACS, "what did the walrus sing yesterday?")
+    assert "matched: walrus" in text and "score" in text
+    assert "dates:" in text and '("yesterday")' in text
+    assert Recall(archive, {}).explain(EMACS, "zebra").endswith("Nothing recalled.")
+
+
+@pytest.mark.parametrize("question, start, end", [
+    ("what happened yesterday", "2026-11-19", "2026-11-20"),
+    ("anything last week?", "2026-11-09", "2026-11-21"),
+    ("in March?", "2026-03-01", "2026-04-01"),
+    ("in December", "2025-12-01", "2026-01-01"),
+    ("on 2026-02-14 then", "2026-02-14", "2026-02-15"),
+    ("three days ago", "2026-11-16", "2026-11-19"),
+    ("during 2024", "2024-01-01", "2025-01-01"),
+])
+def test_date_expressions_become_windows(question, start, end):
+    now = datetime(2026, 11, 20, 15, 0).timestamp()          # a Friday
+    hint = date_hint(question, now)
+    days = [datetime.fromtimestamp(t).strftime("%Y-%m-%d") for t in hint.window]
+    assert days == [start, end]
+
+
+def test_no_date_and_may_as_a_verb_give_no_window():
+    now = datetime(2026, 11, 20).timestamp()
+    assert date_hint("what instrument is she learning", now).window is None
+    assert date_hint("I may go", now).window is None
+    assert date_hint("where does she live now", now).recent
