@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from opencortex.actuators import MessageActuator
+from opencortex.approvals import ApprovalDecision, ApprovalRequest, Approver
 from opencortex.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,3 +53,15 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     env.update({"OPENCORTEX_HOME": str(home), **extra})
     return env
+
+
+class AnsweringApprover(Approver):
+    """Answers every approval request with one decision, keeping what it was shown."""
+
+    def __init__(self, how: str):
+        self.how = how
+        self.asked: list[ApprovalRequest] = []
+
+    async def ask(self, request: ApprovalRequest) -> ApprovalDecision:
+        self.asked.append(request)
+        return ApprovalDecision(self.how)

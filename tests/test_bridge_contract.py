@@ -4,7 +4,6 @@ formatting, approvals, the durable inbox."""
 from __future__ import annotations
 
 import asyncio
-import re
 
 import pytest
 from hypothesis import given, settings, strategies as st

@@ -6,7 +6,6 @@ import asyncio
 import json
 from pathlib import Path
 
-from opencortex.approvals import ApprovalDecision, ApprovalRequest, Approver
 from opencortex.config import load_config
 from opencortex.events import chat_message
 from opencortex.llm import ScriptBackend, Usage
@@ -14,7 +13,7 @@ from opencortex.llm.routing import choose_model
 from opencortex.llm.settings import LLMSettings
 from opencortex.runtime import build_kernel
 
-from conftest import RecordingActuator
+from conftest import AnsweringApprover, RecordingActuator
 
 GUEST_REPLY = '(:type :REQUEST :target :telegram :chat-id "42" :text "hello")'
 CLI_REPLY = '(:type :REQUEST :target :cli :text "hello")'
@@ -35,16 +34,6 @@ class FixedUsage(ScriptBackend):
                 item = item.model_copy(update={"input_tokens": self.tokens - 10,
                                                "output_tokens": 10})
             yield item
-
-
-class AnsweringApprover(Approver):
-    def __init__(self, how: str):
-        self.how = how
-        self.asked: list[ApprovalRequest] = []
-
-    async def ask(self, request: ApprovalRequest) -> ApprovalDecision:
-        self.asked.append(request)
-        return ApprovalDecision(self.how)
 
 
 def home_with(home: Path, budget: str) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 
 from opencortex.config import load_config
 from opencortex.events import chat_message

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import stat
 from contextlib import asynccontextmanager
@@ -20,19 +19,15 @@ import pytest
 from nio import MegolmEvent, RoomMessageNotice
 
 from opencortex.bridges import matrix_session
-from opencortex.bridges.inbox import Inbox
 from opencortex.bridges.matrix import (APPROVAL_HINT, ENCRYPTED_ONLY, UNDECRYPTABLE, UNTRUSTED,
                                        MatrixPlatform)
 from opencortex.bridges.matrix_session import MatrixSession
 from opencortex.bridges.matrix_state import MatrixState
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.runner import check_bridge
-from opencortex.bridges.service import Bridge
 from opencortex.bridges.settings import MatrixSettings
-from opencortex.config import load_config
-from opencortex.llm import EchoBackend, ScriptBackend
-from opencortex.runtime import build_kernel
 
+from bridge_helpers import running_bridge, script, until
 from matrix_person import Person
 from synapse import Homeserver
 
@@ -56,44 +51,16 @@ def accounts(homeserver: Homeserver, *roles: str):
     return [homeserver.register(f"{role}{number}") for role in roles]
 
 
-async def until(predicate, seconds: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("timed out waiting for the bridge")
-        await asyncio.sleep(0.02)
-
-
-def script(tmp_path: Path, *replies: str) -> ScriptBackend:
-    path = tmp_path / "replies.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
-    return ScriptBackend(path)
-
-
 @asynccontextmanager
 async def bridge(home: Path, homeserver: Homeserver, bot, allow, backend=None, owners=None,
                  **options):
     """A kernel with the Matrix bridge logged in as BOT (by password), running."""
-    config = load_config(home)
-    if owners:
-        config = config.model_copy(update={"llm": config.llm.model_copy(
-            update={"owners": owners})})
-    kernel = build_kernel(config, backend=backend or EchoBackend())
     settings = MatrixSettings(enabled=True, homeserver=homeserver.url, user_id=bot.user_id,
                               allow=allow, poll_timeout=1, **options)
     platform = MatrixPlatform(settings, bot.password, home / "bridges" / "matrix", password=True)
-    running = Bridge(platform, settings, kernel,
-                     Inbox(home / "bridges" / "matrix.inbox.jsonl"), 30.0)
-    stop = asyncio.Event()
-    task = asyncio.create_task(running.run(stop))
-    try:
-        await until(lambda: running.bot_name or task.done())
-        assert not task.done(), task.exception()
+    async with running_bridge(home, platform, settings, backend=backend,
+                              owners=owners) as (running, kernel):
         yield running, kernel
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await kernel.aclose()
 
 
 @asynccontextmanager

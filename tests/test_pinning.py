@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from opencortex.actions import reply_action
-from opencortex.approvals import ApprovalDecision, ApprovalRequest, Approver
 from opencortex.config import ChatSettings
 from opencortex.events import chat_message
 from opencortex.llm import ScriptBackend
@@ -20,7 +19,7 @@ from opencortex.pinning import is_own, pin
 from opencortex.runtime import build_kernel
 from opencortex.verification import Verdict
 
-from conftest import RecordingActuator, cli_env
+from conftest import AnsweringApprover, RecordingActuator, cli_env
 
 CHAT = ChatSettings()
 
@@ -36,18 +35,6 @@ class RecordingScript(ScriptBackend):
         self.requests.append(request)
         async for item in super().stream(request):
             yield item
-
-
-class AnsweringApprover(Approver):
-    """Answers every request with one decision, keeping what it was shown."""
-
-    def __init__(self, how: str):
-        self.how = how
-        self.asked: list[ApprovalRequest] = []
-
-    async def ask(self, request: ApprovalRequest) -> ApprovalDecision:
-        self.asked.append(request)
-        return ApprovalDecision(self.how)
 
 
 def script(tmp_path: Path, *replies: str) -> RecordingScript:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,56 +14,27 @@ from opencortex.bridges.service import Bridge
 from opencortex.bridges.settings import SignalSettings
 from opencortex.bridges.signal import SignalPlatform
 from opencortex.config import load_config
-from opencortex.llm import EchoBackend, ScriptBackend
+from opencortex.llm import EchoBackend
 from opencortex.runtime import build_kernel
 
+from bridge_helpers import run, running_bridge, script, until
 from signal_fake import FRIEND, GROUP, OTHER_GROUP, OWNER, STRANGER, FakeSignalCli, rate_limited
 
 SHELL = '(:type :REQUEST :target :shell :cmd ("echo" "approved-run"))'
-
-
-async def until(predicate, seconds: float = 15.0) -> None:
-    """Wait (bounded) until PREDICATE() is true."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("timed out waiting for the bridge")
-        await asyncio.sleep(0.02)
-
-
-def script(tmp_path: Path, *replies: str) -> ScriptBackend:
-    path = tmp_path / "replies.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
-    return ScriptBackend(path)
 
 
 @asynccontextmanager
 async def bridge(home: Path, backend=None, owners=None, **settings):
     fake = FakeSignalCli()
     address = await fake.start()
-    config = load_config(home)
-    if owners:
-        config = config.model_copy(update={"llm": config.llm.model_copy(
-            update={"owners": owners})})
-    kernel = build_kernel(config, backend=backend or EchoBackend())
     options = {"allow": [OWNER.uuid, FRIEND.number], "poll_timeout": 1.0, **settings}
     signal = SignalSettings(enabled=True, address=address, **options)
-    running = Bridge(SignalPlatform(signal), signal, kernel,
-                     Inbox(home / "bridges" / "signal.inbox.jsonl"), 30.0)
-    stop = asyncio.Event()
-    task = asyncio.create_task(running.run(stop))
     try:
-        await until(lambda: running.bot_name)
-        yield fake, running, kernel
+        async with running_bridge(home, SignalPlatform(signal), signal, backend=backend,
+                                  owners=owners) as (running, kernel):
+            yield fake, running, kernel
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await kernel.aclose()
         await fake.stop()
-
-
-def run(coro):
-    asyncio.run(asyncio.wait_for(coro, 120))
 
 
 def texts(fake, chat) -> list[str]:

@@ -10,35 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from opencortex.bridges.inbox import Inbox
-from opencortex.bridges.service import Bridge
-from opencortex.bridges.settings import BridgesSettings, TelegramSettings
+from opencortex.bridges.settings import TelegramSettings
 from opencortex.bridges.telegram import TelegramPlatform
-from opencortex.config import load_config
 from opencortex.events import Thread
-from opencortex.llm import EchoBackend, ScriptBackend
-from opencortex.runtime import build_kernel
 
+from bridge_helpers import run, running_bridge, script, until
 from telegram_fake import BOT_NAME, FakeBotApi
 
 TOKEN = "4242:AAE-canary-token-never-logged"
 OWNER, STRANGER, FRIEND = 7, 666, 8
 GROUP = -1001
-
-
-async def until(predicate, seconds: float = 15.0) -> None:
-    """Wait (bounded) until PREDICATE() is true."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("timed out waiting for the bridge")
-        await asyncio.sleep(0.02)
-
-
-def script(tmp_path: Path, *replies: str) -> ScriptBackend:
-    path = tmp_path / "replies.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
-    return ScriptBackend(path)
 
 
 @asynccontextmanager
@@ -47,27 +28,12 @@ async def bridge(home: Path, backend=None, owners=None, **settings):
     url = await fake.start()
     options = {"allow": [str(OWNER), str(FRIEND)], "poll_timeout": 1, **settings}
     tg = TelegramSettings(enabled=True, base_url=url, **options)
-    config = load_config(home).model_copy(update={"bridges": BridgesSettings(telegram=tg)})
-    if owners:
-        config = config.model_copy(update={"llm": config.llm.model_copy(
-            update={"owners": owners})})
-    kernel = build_kernel(config, backend=backend or EchoBackend())
-    running = Bridge(TelegramPlatform(tg, TOKEN), tg, kernel,
-                     Inbox(home / "bridges" / "telegram.inbox.jsonl"), 30.0)
-    stop = asyncio.Event()
-    task = asyncio.create_task(running.run(stop))
     try:
-        await until(lambda: running.bot_name)
-        yield fake, running, kernel
+        async with running_bridge(home, TelegramPlatform(tg, TOKEN), tg, backend=backend,
+                                  owners=owners) as (running, kernel):
+            yield fake, running, kernel
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await kernel.aclose()
         await fake.stop()
-
-
-def run(coro):
-    asyncio.run(asyncio.wait_for(coro, 120))
 
 
 def texts(fake, chat) -> list[str]:

@@ -22,15 +22,14 @@ import asyncio
 import logging
 import os
 import shlex
-import signal
 import sys
-from contextlib import contextmanager, nullcontext
-from typing import Callable, Iterator
+from contextlib import nullcontext
 
 from opencortex import __version__
 from opencortex.config import Config
 from opencortex.conversation.commands import is_command
 from opencortex.events import EventError, Thread, chat_message
+from opencortex.interrupts import sigint_calls
 from opencortex.kernel import Kernel
 from opencortex.runtime import build_kernel
 from opencortex.terminal_input import PipedInput, PromptInput, Typed, keyboard_held
@@ -76,26 +75,6 @@ def startup_warnings(kernel: Kernel) -> list[str]:
     if kernel.backend.warning:
         warnings.append(kernel.backend.warning)
     return warnings
-
-
-@contextmanager
-def sigint_calls(callback: Callable[[], None]) -> Iterator[None]:
-    """While inside, SIGINT (Ctrl-C outside the prompt) calls CALLBACK on the running
-    loop instead of raising KeyboardInterrupt wherever the program happens to be."""
-    loop = asyncio.get_running_loop()
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        loop.add_signal_handler(signal.SIGINT, callback)
-        installed = True
-    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-        installed = False
-    try:
-        yield
-    finally:
-        if installed:
-            loop.remove_signal_handler(signal.SIGINT)
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
 
 
 class TerminalChat:

@@ -25,16 +25,15 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
 import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from opencortex.interrupts import sigint_calls
 from opencortex.untrusted import model_note, visible
 from opencortex.wire_protocol import DEFAULT_THREAD, VERSION
 
@@ -304,7 +303,7 @@ async def run_client(url: str, token: str, thread: str = DEFAULT_THREAD, *,
     chatting = asyncio.create_task(client.chat(LineSource(stdin or sys.stdin)))
     stopping = asyncio.create_task(client.stopped.wait())
     tasks = (listener, chatting, stopping)
-    with interrupts(client.interrupt):
+    with sigint_calls(client.interrupt):
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     client.leaving = True
     for task in tasks:
@@ -317,22 +316,6 @@ async def run_client(url: str, token: str, thread: str = DEFAULT_THREAD, *,
         client.note(f"opencortex client: {failure}")
         return EXIT_FAILED
     return EXIT_OK
-
-
-@contextmanager
-def interrupts(callback: Callable[[], None]) -> Iterator[None]:
-    """While inside, SIGINT calls CALLBACK on the loop (when this is the main thread)."""
-    loop = asyncio.get_running_loop()
-    try:
-        loop.add_signal_handler(signal.SIGINT, callback)
-        installed = True
-    except (NotImplementedError, RuntimeError, ValueError):
-        installed = False
-    try:
-        yield
-    finally:
-        if installed:
-            loop.remove_signal_handler(signal.SIGINT)
 
 
 def endpoint(args: argparse.Namespace) -> tuple[str, str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from opencortex.actuation import PLATFORM_ID

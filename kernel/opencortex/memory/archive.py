@@ -46,7 +46,7 @@ from opencortex.memory.orgformat import Part, read_header_chat_id, render_entry,
 from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit,
                                        check_thread, check_unicode)
 from opencortex.memory.threadfile import (ArchiveError, locked, read_range, settle_tail,
-                                          truncate_quietly, write_all)
+                                          sync_directory, truncate_quietly, write_all)
 
 log = logging.getLogger(__name__)
 
@@ -232,21 +232,13 @@ class Archive:
                     "free disk space or fix permissions, then retry") from error
             end = os.fstat(fd).st_size
         if size == 0:
-            self._sync_directory(path.parent)
+            sync_directory(path.parent)
         log.debug("appended %d message(s), %d bytes, to %s", len(records), len(blob), name)
         offset, entries = end - len(blob) + len(header), []
         for record, chunk in zip(records, chunks, strict=True):
             entries.append((offset, record))
             offset += len(chunk)
         return _Written(name, end - len(blob), end, entries)
-
-    @staticmethod
-    def _sync_directory(directory: Path) -> None:
-        fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     # -- reading -----------------------------------------------------------
 

@@ -30,8 +30,7 @@ from pathlib import Path
 from opencortex.events import Thread
 from opencortex.memory.partitions import (DEFAULT_TOKENIZER, Partition, Partitions,
                                           fts_tables, thread_token, NOT_CONTROL)  # noqa: F401
-from opencortex.memory.query import (MAX_QUERY_TERMS, match_query,  # noqa: F401 (re-exported)
-                                     query_phrases, query_words)
+from opencortex.memory.query import query_phrases
 from opencortex.memory.records import MessageRecord, SearchHit
 
 log = logging.getLogger(__name__)

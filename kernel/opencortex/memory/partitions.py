@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from opencortex.events import Thread
 

@@ -28,7 +28,8 @@ from opencortex.memory.completeness import parse_thread_file
 from opencortex.memory.index import is_control
 from opencortex.memory.orgformat import Part, render_entry, render_header
 from opencortex.memory.records import MessageRecord, check_thread
-from opencortex.memory.threadfile import ArchiveError, locked, read_range, write_all
+from opencortex.memory.threadfile import (ArchiveError, locked, read_range, sync_directory,
+                                          write_all)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def forget(archive: Archive, thread: Thread, before: float | None = None) -> int
             else:
                 path.unlink()
                 entries, size = [], 0
-            _sync_directory(path.parent)
+            sync_directory(path.parent)
         archive.replace_indexed(path, entries, size)
     log.info("forgot %d message(s) of %s", len(gone), name)
     return len(gone)
@@ -111,11 +112,3 @@ def _rewrite(path: Path, thread: Thread, kept: list[MessageRecord]
         os.close(out)
     os.replace(temporary, path)
     return entries, offset
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -150,3 +150,12 @@ def settle_tail(fd: int, path: Path, name: str) -> tuple[int, str | None, str | 
               f"({end.reason}) to {target.name}")
     log.warning("%s", report)
     return end.length, end.last_id, report
+
+
+def sync_directory(directory: Path) -> None:
+    """fsync DIRECTORY, so a file created or renamed in it survives a crash."""
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

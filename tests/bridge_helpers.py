@@ -1,0 +1,64 @@
+"""What the bridge tests share: waiting bounded, scripted replies, a running bridge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from opencortex.bridges.contract import Platform
+from opencortex.bridges.inbox import Inbox
+from opencortex.bridges.service import Bridge
+from opencortex.bridges.settings import BridgeSettings, BridgesSettings
+from opencortex.config import load_config
+from opencortex.kernel import Kernel
+from opencortex.llm import EchoBackend, ScriptBackend
+from opencortex.runtime import build_kernel
+
+
+async def until(predicate, seconds: float = 30.0) -> None:
+    """Wait (bounded) until PREDICATE() is true."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out waiting for the bridge")
+        await asyncio.sleep(0.02)
+
+
+def script(tmp_path: Path, *replies: str) -> ScriptBackend:
+    """A backend answering REPLIES in order."""
+    path = tmp_path / "replies.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
+    return ScriptBackend(path)
+
+
+def run(coro) -> Any:
+    """Run one scenario, bounded."""
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+@asynccontextmanager
+async def running_bridge(home: Path, platform: Platform, settings: BridgeSettings, *,
+                         backend=None, owners: dict[str, str] | None = None
+                         ) -> AsyncIterator[tuple[Bridge, Kernel]]:
+    """A kernel on HOME with PLATFORM's bridge (configured by SETTINGS) running."""
+    config = load_config(home).model_copy(update={
+        "bridges": BridgesSettings(**{platform.channel: settings})})
+    if owners:
+        config = config.model_copy(update={"llm": config.llm.model_copy(
+            update={"owners": owners})})
+    kernel = build_kernel(config, backend=backend or EchoBackend())
+    running = Bridge(platform, settings, kernel,
+                     Inbox(home / "bridges" / f"{platform.channel}.inbox.jsonl"), 30.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    try:
+        await until(lambda: running.bot_name or task.done(), 30)
+        assert not task.done(), task.exception()
+        yield running, kernel
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await kernel.aclose()
