@@ -20,7 +20,7 @@ baseline a bare JSON-RPC client that subscribes and echoes each message with
 `send` on one connection.
 
 Matrix is measured against a real Synapse on 127.0.0.1 in end-to-end encrypted
-rooms (bench_matrix.py); the baseline is a bare matrix-nio echo bot.  Synapse
+rooms (matrix_load.py); the baseline is a bare matrix-nio echo bot.  Synapse
 starts in about a second but is installed into <checkout>/.venv-synapse on
 first use (about 25 s), so `--quick` leaves Matrix out unless it is asked for.
 """
@@ -261,9 +261,9 @@ def main() -> None:
 
 
 def matrix_compare(chats: int, count: int) -> None:
-    """The Matrix bridge against a real Synapse (see bench_matrix.py)."""
+    """The Matrix bridge against a real Synapse (see matrix_load.py)."""
     import logging
-    from bench_matrix import matrix_figures
+    from matrix_load import matrix_figures
     logging.getLogger("nio").setLevel(logging.ERROR)   # the person's and the bare bot's
     print(f"Matrix bridge, {chats} chats x {count} messages, echo backend, real Synapse, "
           f"encrypted rooms")

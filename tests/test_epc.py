@@ -6,7 +6,6 @@ plays Emacs so each server rule can be checked directly.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 import stat
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from epc.client import EPCClient
+
+from opencortex.serve import default_connection_file
 
 from conftest import cli_env
 
@@ -38,8 +39,7 @@ class Kernel:
 
     @property
     def connection_file(self) -> Path:
-        digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:16]
-        return self.runtime / "opencortex" / f"kernel-{digest}.json"
+        return default_connection_file(self.home, self.runtime / "opencortex")
 
     def secret(self) -> str:
         return json.loads(self.connection_file.read_text())["secret"]

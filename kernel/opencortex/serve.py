@@ -53,11 +53,13 @@ def runtime_dir() -> Path:
     return Path(base) / "opencortex" if base else Path(f"/tmp/opencortex-{os.getuid()}")
 
 
-def default_connection_file(home: Path | None = None) -> Path:
-    """The connection file of the kernel of HOME (default: the default home)."""
+def default_connection_file(home: Path | None = None, runtime: Path | None = None) -> Path:
+    """The connection file of the kernel of HOME (default: the default home), in RUNTIME
+    (default: `runtime_dir()`)."""
     from opencortex.config import default_home
     resolved = str(Path(home or default_home()).expanduser().resolve())
-    return runtime_dir() / f"kernel-{hashlib.sha256(resolved.encode()).hexdigest()[:16]}.json"
+    digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
+    return (runtime or runtime_dir()) / f"kernel-{digest}.json"
 
 
 class UnsafeDirectory(ValueError):

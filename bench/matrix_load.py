@@ -1,4 +1,4 @@
-"""The Matrix part of the bridge benchmark (bench_bridge.py runs it): a real Synapse on
+"""The Matrix part of bench_bridge.py: people and bots on one real Synapse (a module, not a script).
 127.0.0.1, end-to-end encrypted rooms, people (matrix-nio clients, ten rooms each) talking
 in CHATS rooms at once, each sending their next message when the previous reply came.
 
