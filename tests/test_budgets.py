@@ -80,6 +80,7 @@ def test_a_guest_budget_goes_short_once_then_refuses_with_the_renewal_even_after
     assert len(notices) == 1 and "900 of 1,000 tokens" in notices[0]
     assert results[3].status == "failed" and len(requests) == 3     # never reached the model
     assert "RATE_LIMITED" in results[3].errors[0] and "renews at" in results[3].errors[0]
+    assert 0 < results[3].retry_after_seconds <= 86400   # until the renewal, for the wire
 
     async def after_restart():
         kernel, backend, _, _ = kernel_for(home, tmp_path, GUEST_REPLY)

@@ -198,7 +198,7 @@ def test_chunks_are_coalesced_and_a_rejected_attempt_is_streamed_anew_never_arch
 
 
 def test_turn_failures_map_to_the_wire_error_codes(home):
-    replies = [{"error": "RATE_LIMITED", "message": "slow down"},
+    replies = [{"error": "RATE_LIMITED", "message": "slow down", "retry_after": 7},
                {"error": "LLM_UNAVAILABLE", "message": "nobody home"},
                {"error": "STREAM_TIMEOUT", "message": "stalled"},
                '(:type :REQUEST :target :cli :text "x" :approved t)',
@@ -213,7 +213,7 @@ def test_turn_failures_map_to_the_wire_error_codes(home):
     errors = [of(events, "error") for events in turns]
     assert [e[0]["code"] for e in errors] == ["RATE_LIMITED", "LLM_UNAVAILABLE",
                                               "STREAM_TIMEOUT", "TURN_FAILED"]
-    assert errors[0][0]["retry_after_seconds"] > 0 and "slow down" in errors[0][0]["message"]
+    assert errors[0][0]["retry_after_seconds"] == 7 and "slow down" in errors[0][0]["message"]
     assert "retry_after_seconds" not in errors[1][0]
     assert not errors[0][0]["message"].startswith(("System Error", "RATE_LIMITED"))
     assert all(of(events, "done")[0]["status"] in ("failed", "rejected") for events in turns)

@@ -114,6 +114,13 @@ class Budgets:
         midnight = (int(self.clock()) // DAY + 1) * DAY
         return "it renews at " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(midnight))
 
+    def renews_in(self, budget: ArchetypeBudget) -> float | None:
+        """Seconds until BUDGET renews (None: it never does)."""
+        if budget.renew == "never":
+            return None
+        now = self.clock()
+        return float((int(now) // DAY + 1) * DAY - now)
+
     def scopes(self, thread: Thread) -> list[Scope]:
         """The budgets that apply to THREAD, with what each used this period."""
         _, budget = self._budget(thread)
@@ -179,7 +186,7 @@ class Budgets:
                 return
             how = f"the extension was {decision.how}"
         raise TurnFailed(f"RATE_LIMITED: the budget is used up ({spent[0].line()}; {how}); "
-                         f"{self.renews(budget)}")
+                         f"{self.renews(budget)}", retry_after_seconds=self.renews_in(budget))
 
     def route(self, request: PromptRequest, tier: str) -> PromptRequest:
         """REQUEST routed to TIER: the short tier names its rows and caps the output."""

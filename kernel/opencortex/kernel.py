@@ -108,6 +108,7 @@ class Kernel:
             await self._turn(event, result, observer or TurnObserver())
         except TurnFailed as failure:
             result.errors.append(str(failure))
+            result.retry_after_seconds = failure.retry_after_seconds
             await self.actuation.notify(event, f"System Error: {failure} — nothing of this turn "
                                "was kept; send the message again when that is fixed.", result)
         result.elapsed_s = time.perf_counter() - started
@@ -316,7 +317,8 @@ class Kernel:
                         observer.on_chunk(item)
             observer.on_reply_done()
         except LLMError as error:
-            raise TurnFailed(f"{error.code}: {error.message}") from error
+            raise TurnFailed(f"{error.code}: {error.message}",
+                             retry_after_seconds=error.retry_after_seconds) from error
         except TimeoutError:
             raise TurnFailed(f"STREAM_TIMEOUT: the {self.backend.name} backend did not finish "
                              f"within {self.config.llm_timeout:g} s; send the message again")

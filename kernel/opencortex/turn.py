@@ -15,7 +15,12 @@ def new_turn_id() -> str:
 
 
 class TurnFailed(Exception):
-    """A turn stops here; the message is what the person is told."""
+    """A turn stops here; the message is what the person is told.  RETRY_AFTER_SECONDS:
+    when trying again makes sense (a provider's rate limit, a budget's renewal)."""
+
+    def __init__(self, message: str, *, retry_after_seconds: float | None = None):
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
 
 
 Status = Literal["done", "needs-approval", "rejected", "failed", "no-skill", "aborted"]
@@ -46,6 +51,7 @@ class TurnResult:
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     usage: Usage | None = None
+    retry_after_seconds: float | None = None   # a failed turn: when to try again
     attempts: int = 0
     elapsed_s: float = 0.0
     started: float = 0.0  # perf_counter() when the turn got its thread
@@ -56,7 +62,9 @@ class TurnResult:
                 "backend": self.backend, "thread": str(self.thread), "skill": self.skill,
                 "ids": self.ids, "warnings": self.warnings, "errors": self.errors,
                 "usage": self.usage.model_dump() if self.usage else None,
-                "attempts": self.attempts, "elapsed_s": round(self.elapsed_s, 6)}
+                "attempts": self.attempts, "elapsed_s": round(self.elapsed_s, 6),
+                **({"retry_after_seconds": self.retry_after_seconds}
+                   if self.retry_after_seconds is not None else {})}
 
 
 @dataclass

@@ -43,7 +43,7 @@ class TurnLimits:
 
     max_turns_per_session: int = 8
     busy_retry_seconds: float = 1.0        # retry_after_seconds when a session is at its limit
-    rate_limit_wait: float = 20.0          # retry_after_seconds of a provider's RATE_LIMITED
+    rate_limit_wait: float = 20.0          # retry_after_seconds when a RATE_LIMITED names none
     coalesce_seconds: float = 0.025
     chunk_max_chars: int = 4096
 

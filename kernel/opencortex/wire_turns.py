@@ -237,7 +237,9 @@ def turn_error(turn: TurnContext, result: TurnResult, shown: str | None, *,
     """The ``error`` data for a turn that failed (SHOWN: what the kernel said, if anything)."""
     failure = result.errors[0] if result.errors else (shown or f"the turn {result.status}")
     code = error_code(failure)
-    wait = rate_limit_wait if code == "RATE_LIMITED" else None
+    wait = None
+    if code == "RATE_LIMITED":   # the provider's or the budget's own word, else a hint
+        wait = result.retry_after_seconds or rate_limit_wait
     return error_data(code, plain(shown or failure), correlation_id=turn.correlation_id,
                       turn_id=turn.turn_id, retry_after_seconds=wait)
 

@@ -76,7 +76,8 @@ class ScriptBackend(Backend):
         entry = self.replies[self.position]
         self.position += 1
         if entry.get("error"):
-            raise LLMError(entry["error"], entry.get("message", "scripted failure"))
+            raise LLMError(entry["error"], entry.get("message", "scripted failure"),
+                           retry_after_seconds=entry.get("retry_after"))
         chunks = entry.get("chunks") or split_chunks(entry.get("text", ""), self.chunk_size)
         delay = float(entry.get("delay", self.delay))
         for chunk in chunks:
