@@ -132,3 +132,20 @@ def test_sigterm_lets_the_turn_in_flight_finish(bridge_home, tmp_path):
     added = {r["add"]["position"] for r in pending if "add" in r}
     done = {r["done"] for r in pending if "done" in r}
     assert added <= done
+
+
+def test_serve_with_the_wire_and_opencortex_client(home, tmp_path):
+    runtime = tmp_path / "run"
+    kernel = Kernel(home, runtime, "--ws", "0", "--backend", "echo")
+    try:
+        info = json.loads(kernel.connection_file.read_text())
+        assert info["ws_port"] > 0 and len(info["ws_token"]) >= 32
+        done = subprocess.run([sys.executable, "-m", "opencortex", "client", "--home", str(home)],
+                              input="hello over the wire\n", capture_output=True, text=True,
+                              timeout=60, env=cli_env(home, XDG_RUNTIME_DIR=str(runtime)))
+        assert done.returncode == 0, done.stderr
+        assert "[Echo] hello over the wire" in done.stdout
+    finally:
+        assert kernel.stop() == 0
+    archive = (home / "memory" / "cli" / "wire.org").read_text()
+    assert "hello over the wire" in archive
