@@ -149,3 +149,17 @@ def test_serve_with_the_wire_and_opencortex_client(home, tmp_path):
         assert kernel.stop() == 0
     archive = (home / "memory" / "cli" / "wire.org").read_text()
     assert "hello over the wire" in archive
+
+
+def test_chat_on_a_home_a_kernel_serves_is_refused(home, tmp_path):
+    runtime = tmp_path / "run"
+    kernel = Kernel(home, runtime, "--backend", "echo")
+    try:
+        done = subprocess.run([sys.executable, "-m", "opencortex", "chat", "--json", "-m", "hi",
+                               "--home", str(home)], capture_output=True, text=True, timeout=60,
+                              env=cli_env(home, XDG_RUNTIME_DIR=str(runtime)))
+        assert done.returncode == 1
+        error = json.loads(done.stdout)["error"]
+        assert "already running" in error and "opencortex client" in error
+    finally:
+        assert kernel.stop() == 0

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import shlex
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,12 +22,10 @@ from opencortex.clireport import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, Usag
                                   print_json, reader_gone, usage_failure, wants_json)
 from opencortex.config import Config, ConfigError, load_config
 from opencortex.events import EventError, Thread, chat_message
+from opencortex.homeaccess import HomeNotWritable, require_writable_home, sole_writer
+from opencortex.homelock import HomeInUse
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
-
-
-class HomeNotWritable(OSError):
-    """The home cannot be written; the message says so once, with what still works."""
 
 
 def _common(top: bool) -> argparse.ArgumentParser:
@@ -144,26 +141,6 @@ def _fail(message: str, code: int = EXIT_FAILED, *, as_json: bool = False) -> in
     return fail(message, as_json=as_json, code=code)
 
 
-def _home_problem(config: Config) -> str | None:
-    """Why the home cannot be written (None when it can): one try at a temporary file."""
-    try:
-        config.memory_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=config.memory_dir, prefix=".write-test-"):
-            pass
-    except OSError as error:
-        return error.strerror or type(error).__name__
-    return None
-
-
-def _require_writable_home(config: Config, what: str) -> None:
-    """Refuse WHAT (chatting, serving, …) at once, clearly, when the home is read-only."""
-    problem = _home_problem(config)
-    if problem is not None:
-        raise HomeNotWritable(f"cannot write to {config.home} ({problem}); {what} needs a "
-                              "writable home: fix its permissions or pass --home DIR. "
-                              "`opencortex memory search` still works.")
-
-
 # -- commands -----------------------------------------------------------------
 
 async def _chat_once(config: Config, args: argparse.Namespace, thread: Thread) -> int:
@@ -214,10 +191,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     thread = Thread.parse(args.thread)
     if args.message is not None:
         chat_message(args.message, thread.channel, thread.chat_id)    # refuse blank text first
-    _require_writable_home(config, "chatting")
-    if args.message is not None:
-        return asyncio.run(_chat_once(config, args, thread))
-    return asyncio.run(_chat_loop(config, thread, args.session))
+    require_writable_home(config, "chatting")
+    with sole_writer(config):
+        if args.message is not None:
+            return asyncio.run(_chat_once(config, args, thread))
+        return asyncio.run(_chat_loop(config, thread, args.session))
 
 
 def cmd_skills(args: argparse.Namespace) -> int:
@@ -282,76 +260,14 @@ def cmd_read_action(args: argparse.Namespace) -> int:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    from opencortex.memory import Archive
-    config = load_config(args.home)
-    if args.memory_command == "reindex":
-        _require_writable_home(config, "reindexing")
-        with Archive(config.memory_dir) as archive:
-            count = archive.reindex()
-        print(f"reindexed {count} messages from {config.memory_dir}")
-        return EXIT_OK
-    if args.memory_command == "forget":
-        return _forget(config, args)
-    thread = Thread.parse(args.thread) if args.thread else None
-    problem = _home_problem(config)
-    warnings = [] if problem is None else [
-        f"cannot write to {config.home} ({problem}); searching the org files directly "
-        "(slower, nothing is saved)"]
-    with Archive(config.memory_dir, read_only=problem is not None) as archive:
-        hits = _unique_hits(archive.search(args.query, thread=thread, limit=2 * args.limit))
-    return _print_hits(hits[:args.limit], warnings, args.json)
-
-
-def _forget(config: Config, args: argparse.Namespace) -> int:
-    """`memory forget`: count, confirm (--yes or y/N on the terminal), remove."""
-    from opencortex.memory import Archive
-    from opencortex.memory.retention import count_forgettable, forget, parse_before
-    thread = Thread.parse(args.thread)
-    before = parse_before(args.before) if args.before else None
-    _require_writable_home(config, "forgetting")
-    with Archive(config.memory_dir) as archive:
-        count = count_forgettable(archive, thread, before)
-        if count == 0:
-            print(f"no messages of {thread} to forget")
-            return EXIT_OK
-        if not args.yes:
-            try:
-                answer = input(f"Forget {count} messages of {thread} for good? [y/N] ")
-            except EOFError:            # nobody to ask: no
-                answer = ""
-            if answer.strip().lower() not in ("y", "yes"):
-                print("nothing was forgotten")
-                return EXIT_FAILED
-        removed = forget(archive, thread, before)
-    print(f"forgot {removed} messages of {thread}")
-    return EXIT_OK
-
-
-def _unique_hits(hits: list[Any]) -> list[Any]:
-    """Each message once: copies a /merge made are folded into their original."""
-    from opencortex.conversation.branches import unique
-    return unique(hits)
-
-
-def _print_hits(hits: list[Any], warnings: list[str], as_json: bool) -> int:
-    if as_json:
-        _print_json({"status": "ok", "hits": [hit.model_dump() for hit in hits],
-                     "warnings": warnings})
-        return EXIT_OK
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    for hit in hits:
-        print(f"{hit.channel}:{hit.chat_id}  {hit.role:<9} {hit.id}  {hit.snippet}")
-    if not hits:
-        print("no matches", file=sys.stderr)
-    return EXIT_OK
+    from opencortex.memory_commands import run_memory_command
+    return run_memory_command(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from opencortex.homelock import HomeInUse
     from opencortex.serve import serve
     config = _config_for(args)
-    _require_writable_home(config, "serving")
+    require_writable_home(config, "serving")
     try:
         return asyncio.run(serve(config, port=args.port, connection_file=args.connection_file,
                                  ws_port=args.ws_port))
@@ -428,7 +344,7 @@ def _run(args: argparse.Namespace, as_json: bool) -> int:
         return COMMANDS[args.command](args)
     except BrokenPipeError:         # whoever read standard output stopped (`| head`)
         return reader_gone()
-    except HomeNotWritable as error:
+    except (HomeNotWritable, HomeInUse) as error:
         return _fail(str(error), as_json=as_json)
     except (ConfigError, EventError, ValueError) as error:
         return _fail(str(error), as_json=as_json)

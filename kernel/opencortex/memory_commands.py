@@ -1,0 +1,78 @@
+"""`opencortex memory`: search, reindex and forget (argument handling and printing only)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from opencortex.clireport import EXIT_FAILED, EXIT_OK, print_json
+from opencortex.config import Config, load_config
+from opencortex.events import Thread
+from opencortex.homeaccess import home_problem, require_writable_home, sole_writer
+
+
+def run_memory_command(args: argparse.Namespace) -> int:
+    from opencortex.memory import Archive
+    config = load_config(args.home)
+    if args.memory_command == "reindex":
+        require_writable_home(config, "reindexing")
+        with sole_writer(config), Archive(config.memory_dir) as archive:
+            count = archive.reindex()
+        print(f"reindexed {count} messages from {config.memory_dir}")
+        return EXIT_OK
+    if args.memory_command == "forget":
+        return _forget(config, args)
+    thread = Thread.parse(args.thread) if args.thread else None
+    problem = home_problem(config)
+    warnings = [] if problem is None else [
+        f"cannot write to {config.home} ({problem}); searching the org files directly "
+        "(slower, nothing is saved)"]
+    with Archive(config.memory_dir, read_only=problem is not None) as archive:
+        hits = _unique_hits(archive.search(args.query, thread=thread, limit=2 * args.limit))
+    return _print_hits(hits[:args.limit], warnings, args.json)
+
+
+def _forget(config: Config, args: argparse.Namespace) -> int:
+    """`memory forget`: count, confirm (--yes or y/N on the terminal), remove."""
+    from opencortex.memory import Archive
+    from opencortex.memory.retention import count_forgettable, forget, parse_before
+    thread = Thread.parse(args.thread)
+    before = parse_before(args.before) if args.before else None
+    require_writable_home(config, "forgetting")
+    with sole_writer(config), Archive(config.memory_dir) as archive:
+        count = count_forgettable(archive, thread, before)
+        if count == 0:
+            print(f"no messages of {thread} to forget")
+            return EXIT_OK
+        if not args.yes:
+            try:
+                answer = input(f"Forget {count} messages of {thread} for good? [y/N] ")
+            except EOFError:            # nobody to ask: no
+                answer = ""
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing was forgotten")
+                return EXIT_FAILED
+        removed = forget(archive, thread, before)
+    print(f"forgot {removed} messages of {thread}")
+    return EXIT_OK
+
+
+def _unique_hits(hits: list[Any]) -> list[Any]:
+    """Each message once: copies a /merge made are folded into their original."""
+    from opencortex.conversation.branches import unique
+    return unique(hits)
+
+
+def _print_hits(hits: list[Any], warnings: list[str], as_json: bool) -> int:
+    if as_json:
+        print_json({"status": "ok", "hits": [hit.model_dump() for hit in hits],
+                     "warnings": warnings})
+        return EXIT_OK
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for hit in hits:
+        print(f"{hit.channel}:{hit.chat_id}  {hit.role:<9} {hit.id}  {hit.snippet}")
+    if not hits:
+        print("no matches", file=sys.stderr)
+    return EXIT_OK
