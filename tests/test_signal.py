@@ -11,6 +11,7 @@ import pytest
 
 from opencortex.bridges.inbox import Inbox
 from opencortex.bridges.service import Bridge
+from opencortex.bridges import service
 from opencortex.bridges.settings import SignalSettings
 from opencortex.bridges.signal import SignalPlatform
 from opencortex.config import load_config
@@ -43,8 +44,9 @@ def texts(fake, chat) -> list[str]:
 
 # -- who is answered --------------------------------------------------------------
 
-def test_owner_by_uuid_is_answered_with_styles_and_a_stranger_is_refused_once(home, caplog):
+def test_owner_by_uuid_is_answered_with_styles_and_a_stranger_is_refused_once(home, caplog, monkeypatch):
     caplog.set_level(logging.DEBUG)
+    monkeypatch.setattr(service, "TYPING_AFTER", 0.0)   # echo answers before it otherwise
 
     async def scenario():
         async with bridge(home) as (fake, running, kernel):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from opencortex.bridges import service
 from opencortex.bridges.settings import TelegramSettings
 from opencortex.bridges.telegram import TelegramPlatform
 from opencortex.events import Thread
@@ -40,8 +41,9 @@ def texts(fake, chat) -> list[str]:
     return [s.text for s in fake.sent if s.chat_id == str(chat)]
 
 
-def test_owner_is_answered_and_a_stranger_gets_one_refusal_and_nothing_else(home, caplog):
+def test_owner_is_answered_and_a_stranger_gets_one_refusal_and_nothing_else(home, caplog, monkeypatch):
     caplog.set_level(logging.DEBUG)
+    monkeypatch.setattr(service, "TYPING_AFTER", 0.0)   # echo answers before it otherwise
 
     async def scenario():
         async with bridge(home) as (fake, running, kernel):

@@ -44,6 +44,7 @@ FRONTEND_ONLY = ("quit",)   # commands that mean nothing in a chat app
 UNARCHIVED = ("This chat is not archived: the kernel keeps it in working memory only, "
               "and forgets it when it restarts.")
 TEXT_ONLY = "I can read text only; send your message as text (a caption works too)."
+TYPING_AFTER = 0.5      # seconds a turn runs before the typing indicator is shown
 TYPING_EVERY = 4.0      # seconds; platforms drop the indicator after about 5
 BACKOFF_MAX = 60.0      # seconds between attempts to reach a failing platform
 STOP_GRACE = 10.0       # seconds turns in flight may take to finish on stop
@@ -276,6 +277,9 @@ class Bridge:
         return any(r.extra.get(PLATFORM_ID) == message_id for r in records if r.role == "user")
 
     async def _keep_typing(self, chat_id: str) -> None:
+        """Show "typing…" while the turn runs: from TYPING_AFTER seconds on (a quick
+        answer needs none), renewed before the platform drops it."""
+        await asyncio.sleep(TYPING_AFTER)
         while True:
             try:
                 await self.platform.typing(chat_id)

@@ -66,7 +66,7 @@ class TelegramPlatform(Platform):
         self.settings = settings
         self._token = token
         self.bot = Bot(token, base_url=settings.base_url,
-                       request=HTTPXRequest(connection_pool_size=16),
+                       request=HTTPXRequest(connection_pool_size=16, pool_timeout=30.0),
                        get_updates_request=HTTPXRequest(
                            read_timeout=settings.poll_timeout + 10.0))
         self.username = ""
