@@ -110,22 +110,17 @@ class Conversations:
                 "out of order": 0 if ordered else 1}
 
 
-async def kernel_run(chats: int, count: int) -> dict[str, float]:
-    fake = FakeBotApi(TOKEN)
-    url = await fake.start()
-    home = Path(tempfile.mkdtemp(prefix="bench-bridge-"))
+async def through_kernel(platform, settings, home: Path, people: Conversations,
+                         ready=lambda: True) -> dict[str, float]:
+    """PEOPLE's conversations through a kernel (echo backend) running PLATFORM's bridge,
+    unpaced (the platform's limits are not what is measured); their figures."""
     kernel = build_kernel(load_config(home), backend=EchoBackend())
-    settings = TelegramSettings(enabled=True, base_url=url, poll_timeout=1,
-                                allow=[str(c) for c in range(1, chats + 1)],
-                                messages_per_minute=600)
-    platform = TelegramPlatform(settings, TOKEN)
     platform.per_chat, platform.per_second = 0.0, 1e6
     bridge = Bridge(platform, settings, kernel, Inbox(home / "inbox.jsonl"), 30)
     stop = asyncio.Event()
     task = asyncio.create_task(bridge.run(stop))
-    while not bridge.bot_name:
+    while not bridge.bot_name or not ready():
         await asyncio.sleep(0.01)
-    people = Conversations(fake, chats, count, "[Echo] ")
     started = time.perf_counter()
     people.start()
     await asyncio.wait_for(people.done.wait(), 600)
@@ -133,8 +128,21 @@ async def kernel_run(chats: int, count: int) -> dict[str, float]:
     stop.set()
     await task
     await kernel.aclose()
-    await fake.stop()
     return people.figures(elapsed)
+
+
+async def kernel_run(chats: int, count: int) -> dict[str, float]:
+    fake = FakeBotApi(TOKEN)
+    url = await fake.start()
+    settings = TelegramSettings(enabled=True, base_url=url, poll_timeout=1,
+                                allow=[str(c) for c in range(1, chats + 1)],
+                                messages_per_minute=600)
+    try:
+        return await through_kernel(TelegramPlatform(settings, TOKEN), settings,
+                                    Path(tempfile.mkdtemp(prefix="bench-bridge-")),
+                                    Conversations(fake, chats, count, "[Echo] "))
+    finally:
+        await fake.stop()
 
 
 async def bare_run(chats: int, count: int) -> dict[str, float]:
@@ -182,29 +190,15 @@ class SignalConversations(Conversations):
 async def signal_kernel_run(chats: int, count: int) -> dict[str, float]:
     fake = FakeSignalCli()
     address = await fake.start()
-    home = Path(tempfile.mkdtemp(prefix="bench-bridge-signal-"))
-    kernel = build_kernel(load_config(home), backend=EchoBackend())
     people = SignalConversations(fake, chats, count, "[Echo] ")
     settings = SignalSettings(enabled=True, address=address, poll_timeout=1,
                               allow=list(people.numbers), messages_per_minute=600)
-    platform = SignalPlatform(settings)
-    platform.per_chat, platform.per_second = 0.0, 1e6
-    bridge = Bridge(platform, settings, kernel, Inbox(home / "inbox.jsonl"), 30)
-    stop = asyncio.Event()
-    task = asyncio.create_task(bridge.run(stop))
-    while not bridge.bot_name:
-        await asyncio.sleep(0.01)
-    while "subscribeReceive" not in fake.calls:   # the first fetch subscribes
-        await asyncio.sleep(0.01)
-    started = time.perf_counter()
-    people.start()
-    await asyncio.wait_for(people.done.wait(), 600)
-    elapsed = time.perf_counter() - started
-    stop.set()
-    await task
-    await kernel.aclose()
-    await fake.stop()
-    return people.figures(elapsed)
+    try:                                       # the first fetch subscribes: wait for it
+        return await through_kernel(SignalPlatform(settings), settings,
+                                    Path(tempfile.mkdtemp(prefix="bench-bridge-signal-")),
+                                    people, ready=lambda: "subscribeReceive" in fake.calls)
+    finally:
+        await fake.stop()
 
 
 async def signal_bare_run(chats: int, count: int) -> dict[str, float]:
