@@ -265,13 +265,10 @@ class EmacsService:
         return {"skills": len(self.kernel.skills.skills), "errors": [str(e) for e in errors]}
 
     async def slash_command(self, chat_id: str, text: str) -> dict[str, Any]:
-        """/reload and /status here; every conversation command through the kernel."""
+        """/status here (this client's status line); every other command, /reload
+        included, through the kernel."""
         word = text.strip().split()[0].lower() if text.strip() else "/help"
         thread = Thread("emacs", chat_id)
-        if word == "/reload":
-            reloaded = await self.reload_skills()
-            return {"text": "\n".join([f"Reloaded {reloaded['skills']} skills."]
-                                      + reloaded["errors"])}
         if word == "/status":
             view = await self.kernel.view(thread)
             return {"text": " ".join(f"{k}={v}" for k, v in view.items())}
@@ -280,7 +277,7 @@ class EmacsService:
         except ValueError as error:
             answer = f"Error: {error}"
         if word == "/help":
-            answer += "\n/reload — reload skills from disk\n/status — this chat's status line"
+            answer += "\n/status — this chat's status line"
         return {"text": answer}
 
     async def branches(self, chat_id: str) -> list[dict[str, Any]]:
