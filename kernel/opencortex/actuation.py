@@ -41,12 +41,13 @@ class Actuation:
     """Carries out verdicts for the kernel; owns no state of its own but the approvers."""
 
     def __init__(self, *, config: Config, actuators: ActuatorRegistry,
-                 conversations: Conversations, approvers: dict[str, Approver]):
+                 conversations: Conversations, approvers: dict[str, Approver],
+                 telemetry: Telemetry | None = None):
         self.config = config
         self.actuators = actuators
         self.conversations = conversations
         self.approvers = approvers
-        self.telemetry = Telemetry()   # the kernel sets its own
+        self.telemetry = telemetry or Telemetry()
 
     async def finish(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
         """End the turn VERDICT decided.  Once the person may see effects, the turn

@@ -64,8 +64,8 @@ class Kernel:
         # Frontends that run inside the kernel (bridges) report their state for /metrics.
         self.reporters: dict[str, Callable[[], str]] = {}
         self.actuation = Actuation(config=config, actuators=actuators,
-                                   conversations=conversations, approvers=self.approvers)
-        self.actuation.telemetry = self.telemetry
+                                   conversations=conversations, approvers=self.approvers,
+                                   telemetry=self.telemetry)
         # Reading and judging a reply run here, never on the event loop (issue: a hostile
         # reply must not stall other threads); two workers so one slow reply blocks nobody.
         self._judges = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opencortex-judge")
