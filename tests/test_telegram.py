@@ -310,3 +310,28 @@ def test_an_approval_answered_by_a_text_reply(home, tmp_path):
                                     for t in texts(fake, OWNER)))
             assert "Approved." in texts(fake, OWNER)
     run(scenario())
+
+
+def test_after_a_crash_a_pending_message_already_archived_is_not_answered_again(home):
+    from opencortex.bridges.inbound import Inbound
+    from opencortex.bridges.inbox import Inbox
+    from opencortex.memory import Archive, NewMessage
+    thread = Thread("telegram", str(OWNER))
+    with Archive(home / "memory") as archive:       # the turn ended, then the kernel died
+        archive.append([NewMessage(role="user", text="answered", thread=thread,
+                                   extra={"PLATFORM_ID": "55"}),
+                        NewMessage(role="assistant", text="[Echo] answered", thread=thread)])
+    inbox = Inbox(home / "bridges" / "telegram.inbox.jsonl")
+    inbox.add([Inbound(position=9, chat_id=str(OWNER), sender_id=str(OWNER), message_id="55",
+                       text="answered"),
+               Inbound(position=10, chat_id=str(OWNER), sender_id=str(OWNER), message_id="56",
+                       text="not yet")])
+    inbox.close()
+
+    async def scenario():
+        async with bridge(home) as (fake, running, _):
+            await until(lambda: texts(fake, OWNER))
+            await until(lambda: not running.inbox.pending())
+            await asyncio.sleep(0.3)
+            assert texts(fake, OWNER) == ["[Echo] not yet"]
+    run(scenario())

@@ -133,7 +133,8 @@ class Actuation:
         if where is not None and not is_own(action, event, self.config.chat):
             return ApprovalRequest(action_class=CROSS_POST, title="Post to another conversation",
                                    target=str(where), text=action.reply_text or "", **common)
-        target = str(action.to_plist().get("target", action.to_plist().get("type")))
+        plist = action.to_plist()
+        target = str(plist.get("target", plist.get("type")))
         return ApprovalRequest(action_class=target, title=f"Carry out a :{target} action",
                                action=action.printed(), **common)
 

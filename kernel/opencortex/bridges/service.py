@@ -8,7 +8,8 @@ one chat in order, chats in parallel).  For each message, in order:
 2. a reply "approve"/"deny" to an open approval of the sender settles it;
 3. media without a caption gets "text only"; edits and deletions are ignored;
 4. `/start` (and `/cmd@bot` in groups) become the kernel's commands;
-5. a message whose platform id is already in the archive is not answered twice;
+5. a message the inbox hands out again after a crash is not answered twice when its
+   platform id is already in the archive (its turn ended just before the crash);
 6. otherwise it becomes a chat event for the kernel's normal turn, with the
    typing indicator kept alive; the reply comes back through `BridgeActuator`,
    pinned to this chat by the kernel.
@@ -102,6 +103,7 @@ class Bridge:
         self.status: dict[str, Any] = {"state": "starting", "errors": 0, "last_error": ""}
         self._chats: dict[str, asyncio.Queue[Inbound]] = {}
         self._workers: set[asyncio.Task[None]] = set()
+        self._replayed: set[int] = set()   # pending at start: maybe archived before a crash
         self.bot_name = ""
         kernel.actuators.register(self.actuator)
         kernel.approvers[platform.channel] = self.approver
@@ -131,6 +133,7 @@ class Bridge:
                     await self.platform.register_commands(command_menu())
                     log.info("%s bridge connected", self.channel)
                     for message in self.inbox.pending():
+                        self._replayed.add(message.position)
                         self._dispatch(message)
                 await self._fetch_once(stop)
                 self.status["state"], delay = "running", 1.0
@@ -221,6 +224,7 @@ class Bridge:
                     log.error("%s bridge: a message failed: %s", self.channel,
                               type(error).__name__)
                 self.inbox.done(message.position)
+                self._replayed.discard(message.position)
         finally:
             self._chats.pop(chat_id, None)
 
@@ -248,7 +252,8 @@ class Bridge:
             await self._say(message.chat_id, "I could not read that message; send it again.")
             return
         event = event.model_copy(update={"message_id": message.message_id})
-        if await self._already_answered(event.thread, message.message_id):
+        if message.position in self._replayed and \
+                await self._already_answered(event.thread, message.message_id):
             log.info("%s bridge: a redelivered message was already answered", self.channel)
             return
         typing = asyncio.create_task(self._keep_typing(message.chat_id))
