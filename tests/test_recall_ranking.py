@@ -12,24 +12,16 @@ import pytest
 from opencortex.conversation.recall import Recall
 from opencortex.conversation.recalldates import date_hint
 from opencortex.events import Thread
-from opencortex.memory import Archive, NewMessage
+from opencortex.memory import Archive
 from opencortex.memory.query import query_words
+
+from test_recall import archive, say  # noqa: F401  (archive: a fixture)
 
 CLI = Thread("cli", "local")
 EMACS = Thread("emacs", "notes")
 ALICE = Thread("telegram", "1001")
 BOB = Thread("telegram", "1002")
 DAY = 86400.0
-
-
-@pytest.fixture
-def archive(tmp_path):
-    with Archive(tmp_path / "memory") as opened:
-        yield opened
-
-
-def say(text: str, thread: Thread, role: str = "user", **fields) -> NewMessage:
-    return NewMessage(role=role, text=text, thread=thread, **fields)
 
 
 def test_a_name_frequent_in_the_owners_chats_does_not_crowd_out_the_answer(archive):
