@@ -680,15 +680,10 @@ starts a kernel of its own in its place."
 
 (defun opencortex--schedule-reconnect (conn)
   "Offer, from a timer, to connect again to the kernel CONN was connected to."
-  (setq opencortex--restart-timer
-        (run-at-time 0 nil
-                     (lambda ()
-                       (setq opencortex--restart-timer nil)
-                       (unless (or (opencortex--live-p opencortex--connection)
-                                   (not (y-or-n-p
-                                         (format "The opencortex kernel%s went away.  Connect again? "
-                                                 (opencortex--home-words conn)))))
-                         (opencortex--reconnect conn))))))
+  (opencortex--when-still-lost
+   (format "The opencortex kernel%s went away.  Connect again? "
+           (opencortex--home-words conn))
+   (lambda () (opencortex--reconnect conn))))
 
 (defun opencortex--reconnect (conn)
   "Connect to the kernel running where CONN's kernel ran: its home, or its file.
@@ -707,13 +702,20 @@ Only a connection: when no kernel runs there, say so and start none."
 
 (defun opencortex--schedule-restart (ask)
   "Restart the kernel from a timer; with ASK only after `y-or-n-p'."
+  (opencortex--when-still-lost
+   (and ask "The opencortex kernel died again.  Restart it? ")
+   #'opencortex--connect-or-start))
+
+(defun opencortex--when-still-lost (question action)
+  "From a timer, call ACTION unless a live connection is back by then.
+When QUESTION is a string, ACTION runs only if the person says yes to it."
   (setq opencortex--restart-timer
         (run-at-time 0 nil
                      (lambda ()
                        (setq opencortex--restart-timer nil)
                        (unless (or (opencortex--live-p opencortex--connection)
-                                   (and ask (not (y-or-n-p "The opencortex kernel died again.  Restart it? "))))
-                         (opencortex--connect-or-start))))))
+                                   (and question (not (y-or-n-p question))))
+                         (funcall action))))))
 
 (defun opencortex--shutdown (conn)
   "Stop CONN cleanly: SIGTERM to our kernel, a bounded wait, then `epc:stop-epc'."
