@@ -1,15 +1,19 @@
-"""`opencortex memory`: search, reindex and forget (argument handling and printing only)."""
+"""`opencortex memory`: search, reindex, forget and import (argument handling and printing only)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from opencortex.clireport import EXIT_FAILED, EXIT_OK, print_json
 from opencortex.config import Config, load_config
 from opencortex.events import Thread
 from opencortex.homeaccess import home_problem, require_writable_home, sole_writer
+
+if TYPE_CHECKING:
+    from opencortex.memory.importer import ImportReport
 
 
 def run_memory_command(args: argparse.Namespace) -> int:
@@ -23,6 +27,8 @@ def run_memory_command(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.memory_command == "forget":
         return _forget(config, args)
+    if args.memory_command == "import":
+        return _import(config, args)
     thread = Thread.parse(args.thread) if args.thread else None
     problem = home_problem(config)
     warnings = [] if problem is None else [
@@ -56,6 +62,54 @@ def _forget(config: Config, args: argparse.Namespace) -> int:
         removed = forget(archive, thread, before)
     print(f"forgot {removed} messages of {thread}")
     return EXIT_OK
+
+
+def _import(config: Config, args: argparse.Namespace) -> int:
+    """`memory import FILE`: import as the home's only writer, then say what happened."""
+    from opencortex.memory import Archive
+    from opencortex.memory.importer import import_file
+    thread = Thread.parse(args.thread) if args.thread else None
+    require_writable_home(config, "importing")
+    with sole_writer(config), Archive(config.memory_dir) as archive:
+        report = import_file(archive, args.file, fmt=args.format, thread=thread,
+                             assistants=args.assistant)
+    complete = not report.problems and report.stopped is None
+    if args.json:
+        print_json({"status": "ok" if complete else "incomplete", "file": str(args.file),
+                    **report.as_dict()})
+    else:
+        _print_import(report, args.file)
+    return EXIT_OK if complete else EXIT_FAILED
+
+
+def _print_import(report: ImportReport, path: Path) -> None:
+    """What `memory import` did, in words: results on stdout, problems on stderr."""
+    threads = sorted(report.threads.items(), key=lambda pair: -pair[1])
+    where = ", ".join(f"{thread} ({count})" for thread, count in threads[:5])
+    more = f" and {len(threads) - 5} more threads" if len(threads) > 5 else ""
+    if report.added:
+        print(f"imported {report.added} messages from {path} ({report.format}) into "
+              f"{where}{more}")
+    if report.duplicates:
+        print(f"{report.duplicates} messages were already in memory; not added again"
+              if report.added else f"nothing new: the {report.duplicates} messages of "
+              f"{path} are already in memory")
+    elif not report.added:
+        print(f"no messages imported from {path}")
+    if report.ignored:
+        print(f"left out {report.ignored} service or empty messages")
+    if report.older:
+        print(f"{report.older} imported messages are older than their thread's last "
+              "message: its history lists them after it; search and recall use their dates")
+    for problem in report.shown:
+        print(f"skipped {problem}", file=sys.stderr)
+    if report.problems > len(report.shown):
+        print(f"… and {report.problems - len(report.shown)} more", file=sys.stderr)
+    if report.problems:
+        print(f"skipped {report.problems} unreadable lines or messages; fix them and import "
+              "again (what is already in memory is not added twice)", file=sys.stderr)
+    if report.stopped:
+        print(f"opencortex: import stopped: {report.stopped}", file=sys.stderr)
 
 
 def _unique_hits(hits: list[Any]) -> list[Any]:

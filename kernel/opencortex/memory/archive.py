@@ -30,10 +30,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import quote
@@ -54,6 +55,7 @@ INDEX_NAME = "index.sqlite"
 MAX_NAME = 180               # bytes of a file name before it is shortened with a hash
 HEADER_BYTES = 1 << 16       # bytes read to find a file's #+CHAT_ID: header
 MAX_HITS = 1000              # most search hits returned at once
+MESSAGE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}")   # an id given to `append`
 
 
 class _Written(NamedTuple):
@@ -155,7 +157,8 @@ class Archive:
 
     # -- writing -----------------------------------------------------------
 
-    def append(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
+    def append(self, messages: Sequence[NewMessage], *,
+               ids: Sequence[str] | None = None) -> list[MessageRecord]:
         """Store MESSAGES (one turn) and return their records, in the given order.
 
         Per thread: one locked, fsynced write.  A message's PARENT is, by default
@@ -166,6 +169,9 @@ class Archive:
         Every message is validated again first, so one that cannot be stored
         (text with an unpaired surrogate, say, in a message built without
         validation) raises ValueError before anything is written.
+
+        IDS (imports, see `importer`): each message's id instead of a new random
+        one; ids must be distinct and not yet in the archive (ValueError otherwise).
         """
         if self.read_only:
             raise ArchiveError(f"the archive at {self.root} is open read-only; nothing "
@@ -177,16 +183,35 @@ class Archive:
         records: list[MessageRecord | None] = [None] * len(batch)
         now = time.time()
         with self._lock:
+            chosen = self._check_ids(ids, len(batch))
             for message in batch:
                 if message.parent is not None and message.parent != "auto":
                     self._check_parent(message.thread, message.parent)
             for thread, positions in by_thread.items():
-                written = self._append_thread(thread, [batch[p] for p in positions], now)
+                written = self._append_thread(thread, [batch[p] for p in positions], now,
+                                              [chosen[p] for p in positions])
                 self._index.add((written.file, offset, rec) for offset, rec in written.entries)
                 self._index.set_file_size(written.file, written.end, previous=written.start)
                 for position, (_, rec) in zip(positions, written.entries, strict=True):
                     records[position] = rec
         return records
+
+    def known_ids(self, ids: Iterable[str]) -> set[str]:
+        """Which of IDS name messages already in the archive (looked up in the index)."""
+        with self._lock:
+            return {id_ for id_ in ids if self._index.thread_of(id_) is not None}
+
+    def _check_ids(self, ids: Sequence[str] | None, count: int) -> list[str | None]:
+        """The id of each of COUNT messages: None (a new random one) or the given one."""
+        if ids is None:
+            return [None] * count
+        if len(ids) != count or len(set(ids)) != count or not all(
+                isinstance(id_, str) and MESSAGE_ID.fullmatch(id_) for id_ in ids):
+            raise ValueError(f"ids must be {count} distinct ids, one per message, each "
+                             "1-128 letters, digits, '.', '_' or '-'")
+        if known := self.known_ids(ids):
+            raise ValueError(f"{len(known)} of the ids are already in the archive")
+        return list(ids)
 
     def _check_parent(self, thread: Thread, parent: str) -> None:
         """Refuse an explicit PARENT that is not a message of THREAD (looked up in the index)."""
@@ -201,8 +226,8 @@ class Archive:
             raise ValueError(f"parent {parent!r} {where}; a message's parent must be an "
                              f"earlier message of the same thread ({thread})")
 
-    def _append_thread(self, thread: Thread, messages: list[NewMessage],
-                       now: float) -> _Written:
+    def _append_thread(self, thread: Thread, messages: list[NewMessage], now: float,
+                       ids: list[str | None]) -> _Written:
         path = self.thread_file(thread)
         path.parent.mkdir(mode=0o700, exist_ok=True)
         name = self._name(path)
@@ -210,11 +235,11 @@ class Archive:
             size, parent, _ = settle_tail(fd, path, name)
             header = render_header(thread).encode("utf-8") if size == 0 else b""
             records, chunks = [], []
-            for number, message in enumerate(messages, start=1):
+            for number, (message, id_) in enumerate(zip(messages, ids, strict=True), start=1):
                 if message.parent != "auto":
                     parent = message.parent
                 record = MessageRecord(
-                    id=str(uuid.uuid4()), role=message.role, text=message.text,
+                    id=id_ or str(uuid.uuid4()), role=message.role, text=message.text,
                     channel=thread.channel, chat_id=thread.chat_id, sender=message.sender,
                     timestamp=now if message.timestamp is None else message.timestamp,
                     parent=parent, turn_type=message.turn_type, extra=dict(message.extra))
