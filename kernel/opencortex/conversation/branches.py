@@ -4,7 +4,7 @@ that persist them in the thread's own org file.
 A control record is an ordinary archive entry (role "system", turn type
 "silence", no parent) whose `extra` says what changed::
 
-    CONTROL  branch | head | pin | unpin | strategy
+    CONTROL  branch | head | pin | unpin | strategy | summary
     TARGET   a message id ("" for none)
     BRANCH   a branch name
     VALUE    the strategy's name (`strategy` only)
@@ -12,7 +12,9 @@ A control record is an ordinary archive entry (role "system", turn type
 - `branch`: create branch BRANCH with its tip at TARGET (the current branch stays);
 - `head`: make BRANCH current, with its tip at TARGET (created when new);
 - `pin` / `unpin`: pin or unpin message TARGET;
-- `strategy`: the thread's compression strategy is VALUE from now on.
+- `strategy`: the thread's compression strategy is VALUE from now on;
+- `summary`: a summary the working context made (see `storedsummaries`); it
+  changes no branch state.
 
 Its text is one human line ("Forked branch b2 at turn 3") so the file stays
 readable in Emacs.  Replaying a thread's records in file order through
@@ -41,7 +43,7 @@ VALUE = "VALUE"
 MERGED_FROM = "MERGED_FROM"
 MAIN = "main"
 ControlKind = Literal["branch", "head", "pin", "unpin", "strategy"]
-CONTROL_KINDS: tuple[str, ...] = ("branch", "head", "pin", "unpin", "strategy")
+CONTROL_KINDS: tuple[str, ...] = ("branch", "head", "pin", "unpin", "strategy", "summary")
 R = TypeVar("R", bound=MessageRecord)
 _GENERATED_NAME = re.compile(r"b([0-9]+)")
 
@@ -115,6 +117,8 @@ class BranchState:
             self.pins.discard(target)
         elif kind == "strategy":
             self.strategy = record.extra.get(VALUE) or None
+        elif kind == "summary":
+            pass                              # a summary record: no branch state
         else:
             log.debug("ignored a control record of unknown kind %r", kind)
 

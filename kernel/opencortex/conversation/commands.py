@@ -121,7 +121,7 @@ async def _history(commands: Commands, conv: Conversation, args: list[str],
                    given: CommandInput) -> str:
     count = _number(args[0], "n") if args else 10
     show_thoughts = commands.conversations.settings.show_thoughts
-    turns = conv.log.turns()[-count:] if count else []
+    turns = conv.log.last_turns(count) if count else []
     lines = []
     for turn in turns:
         for record in turn.records:

@@ -1,9 +1,16 @@
 """Conversations: per thread, the log (branches), the working context and the session.
 
 Everything here is rebuilt from the org archive on first use after a start:
-the thread log replays the thread once; the working context is filled from the
-newest messages of the current branch (plus pinned ones), so its cost follows
-the budget, not the length of the thread.  After that each turn only appends.
+the thread log resumes from the tail of the thread's file (see `resume`; the
+whole thread is replayed only when the tail cannot tell); the working context
+is filled from the newest messages of the current branch (plus pinned ones),
+so its cost follows the budget, not the length of the thread.  After that
+each turn only appends, with a checkpoint for the next start.
+
+Summaries the context makes are kept in the thread's file (`storedsummaries`):
+with the summarize and galois strategies, a start puts the newest summary of
+the branch back, followed by the messages after it, and the summarizer is
+asked again only when those no longer fit.
 """
 
 from __future__ import annotations
@@ -20,9 +27,10 @@ from opencortex.conversation.recall import Recall, owner_of
 from opencortex.conversation.saved import SavedSessions
 from opencortex.conversation.session import Session
 from opencortex.conversation.settings import ConversationSettings
+from opencortex.conversation.storedsummaries import restored_entry, summary_message
 from opencortex.conversation.threadlog import ThreadLog
 from opencortex.events import Thread
-from opencortex.memory import Archive, MessageRecord, NewMessage
+from opencortex.memory import Archive, ArchiveError, MessageRecord, NewMessage
 from opencortex.memory.retention import count_forgettable, forget
 from opencortex.memory.working import WorkingMemory
 
@@ -30,6 +38,7 @@ log = logging.getLogger(__name__)
 
 WINDOW_MESSAGES = 400  # newest messages of a branch read into a fresh context, at most
 OPEN_CONVERSATIONS = 256  # kept in memory; the least recently used idle one is let go
+SUMMARIZING = ("summarize", "galois")   # strategies whose summaries are kept and restored
 
 
 def shown_to_model(role: str, turn_type: str) -> bool:
@@ -46,6 +55,7 @@ class Conversation:
     context: WorkingContext
     session: Session
     recalled: list[Entry] = field(default_factory=list)  # brought in for the latest turn
+    kept_summaries: set[str] = field(default_factory=set)  # summary entries in the archive
 
 
 class Conversations:
@@ -76,7 +86,7 @@ class Conversations:
         if conversation is not None:
             self._open.move_to_end(thread)
             return conversation
-        thread_log = ThreadLog.load(self.store_for(thread), thread)
+        thread_log = ThreadLog.resume(self.store_for(thread), thread, window=WINDOW_MESSAGES)
         session = Session.from_log(thread_log, max_turns=self.settings.max_turns,
                                    max_tokens=self.settings.max_tokens)
         conversation = Conversation(thread, thread_log, self._chosen_context(thread_log),
@@ -111,20 +121,64 @@ class Conversations:
         strategy = conversation.context.strategy
         context = self._new_context()
         context.set_strategy(strategy)
-        window = conversation.log.entries(limit=WINDOW_MESSAGES)
+        summary, window = self._restored(conversation.log, strategy)
         in_window = {entry.id for entry in window}
         pinned = [self._pinned(conversation.log.record(message_id))
                   for message_id in sorted(conversation.log.pins())
                   if message_id not in in_window and self._on_branch(conversation, message_id)]
         conversation.context = context
-        entries = [e for e in [*pinned, *window] if shown_to_model(e.role, e.turn_type)]
-        return await context.add(*entries) if entries else None
+        conversation.kept_summaries.update(entry.id for entry in summary)
+        entries = [*(e for e in pinned if shown_to_model(e.role, e.turn_type)), *summary,
+                   *(e for e in window if shown_to_model(e.role, e.turn_type))]
+        report = await context.add(*entries) if entries else None
+        self._keep_summaries(conversation)
+        return report
+
+    @staticmethod
+    def _restored(log: ThreadLog, strategy: str) -> tuple[list[Entry], list[Entry]]:
+        """([the newest kept summary of the branch], the messages after it), or
+        ([], the newest messages) when there is none or the strategy makes none."""
+        if strategy in SUMMARIZING:
+            pins = log.pins()
+            for summary in log.summaries():
+                after = log.position(summary.last, within=WINDOW_MESSAGES + 1)
+                if after is None:
+                    continue
+                covered = log.recent_ids(after + 1 + WINDOW_MESSAGES)
+                covered = covered[:len(covered) - after]
+                if summary.first in covered:
+                    covered = covered[covered.index(summary.first):]
+                entry = restored_entry(summary, tuple(i for i in covered if i not in pins))
+                return [entry], log.entries(limit=after) if after else []
+        return [], log.entries(limit=WINDOW_MESSAGES)
+
+    def _keep_summaries(self, conversation: Conversation) -> None:
+        """Archive the summaries the context made since the last call (never fatal)."""
+        for entry in conversation.context.entries:
+            if entry.kind != "summary" or entry.id in conversation.kept_summaries:
+                continue
+            conversation.kept_summaries.add(entry.id)
+            thread_log = conversation.log
+            try:
+                last = thread_log.turn_of(entry.covers[-1]) if entry.covers else None
+                first = entry.turn or last or 0
+                turns = f"{first}-{last}" if last and last != first else str(first)
+                thread_log.keep_summary(summary_message(
+                    conversation.thread, entry, strategy=conversation.context.strategy,
+                    branch=thread_log.branch, turns=turns))
+            except (ArchiveError, ValueError) as error:
+                log.warning("could not keep a summary of %s (%s)", conversation.thread,
+                            type(error).__name__)
+        conversation.kept_summaries.intersection_update(
+            entry.id for entry in conversation.context.entries if entry.kind == "summary")
 
     @staticmethod
     def _on_branch(conversation: Conversation, message_id: str) -> bool:
+        """Whether MESSAGE_ID is on the conversation's current branch."""
         return conversation.log.turn_of(message_id) is not None
 
     def _pinned(self, record: MessageRecord) -> Entry:
+        """The context entry of a pinned message outside the window."""
         return Entry(id=record.id, role=record.role, text=record.text, turn=0,
                      turn_type=record.turn_type, retention="PRESERVED")
 
@@ -159,9 +213,10 @@ class Conversations:
         return found
 
     async def record_turn(self, thread: Thread, messages: Sequence[NewMessage],
-                          metrics: dict[str, str]) -> tuple[list[MessageRecord],
-                                                            CompressionReport | None]:
-        """Archive one turn on the current branch and add it to the working context."""
+                          metrics: dict[str, str], *, pin: bool = False
+                          ) -> tuple[list[MessageRecord], CompressionReport | None]:
+        """Archive one turn on the current branch and add it to the working context;
+        with PIN the turn is pinned (PRESERVED), as `/pin` would pin it."""
         conversation = await self.open(thread)
         before = conversation.context.used
         added = sum(count_tokens(m.text) for m in messages
@@ -170,12 +225,16 @@ class Conversations:
                  "TURN": str(conversation.log.turn_count() + 1)}
         batch = [m.model_copy(update={"extra": {**m.extra, **extra}}) if m.role != "user" else m
                  for m in messages]
-        records = conversation.log.append_turn(batch)
+        records = conversation.log.append_turn(batch, checkpoint=True)
         turn = conversation.log.turn_count()
+        for record in records if pin else ():
+            conversation.log.pin(record.id)
         report = await conversation.context.add(*[
             Entry(id=r.id, role=r.role, text=r.text, turn=turn, turn_type=r.turn_type,
-                  retention=default_retention(r.role, r.text, r.turn_type))
+                  retention="PRESERVED" if pin else default_retention(r.role, r.text,
+                                                                     r.turn_type))
             for r in records if shown_to_model(r.role, r.turn_type)])
+        self._keep_summaries(conversation)
         tokens = int(metrics.get("TOKENS_IN", 0) or 0) + int(metrics.get("TOKENS_OUT", 0) or 0)
         reason = conversation.session.count_turn(tokens, max_turns=self.settings.max_turns,
                                                  max_tokens=self.settings.max_tokens)

@@ -33,9 +33,6 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 """Transitions `Session.to` allows, besides any state -> collapsed."""
 
-# Extra properties the kernel writes on a turn's reply record.
-TOKENS_IN, TOKENS_OUT = "TOKENS_IN", "TOKENS_OUT"
-
 
 class InvalidTransition(RuntimeError):
     """A session was asked to move between two states that are not connected."""
@@ -122,22 +119,14 @@ class Session:
 
         Turns are the branch's turns; tokens are the TOKENS_IN + TOKENS_OUT the
         kernel wrote on their records (missing or unreadable counts are 0).  The
-        session is dormant, or collapsed when a limit is already used up.
+        session is dormant, or collapsed when a limit is already used up.  Both
+        counts are kept by the log, so this costs nothing per turn of history.
         """
         session = cls(log.thread)
-        for turn in log.turns():
-            session.turns += 1
-            for record in turn.records:
-                session.tokens += (_count(record.extra.get(TOKENS_IN))
-                                   + _count(record.extra.get(TOKENS_OUT)))
+        session.turns = log.turn_count()
+        session.tokens = log.head_tokens()
         reason = session.exhausted(max_turns=max_turns, max_tokens=max_tokens)
         if reason is not None:
             session.collapse(reason)
         return session
 
-
-def _count(value: str | None) -> int:
-    try:
-        return max(0, int(value)) if value is not None else 0
-    except ValueError:
-        return 0

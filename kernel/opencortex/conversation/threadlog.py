@@ -1,32 +1,48 @@
 """A thread's messages as a graph of PARENT pointers, with named branches and a head.
 
-`ThreadLog.load` reads the thread's org file once and replays it: conversation
-records become nodes of the graph, control records (see `branches`) rebuild the
-branch tips, the current branch, the pins and the compression strategy.  Every
-later change is written to the archive first and then applied to memory by the
-same replay step, so a fresh `load` after a restart always gives the same state.  After loading,
-nothing here reads the archive again: `ancestors` walks an in-memory map and
-the current branch's path is cached and extended as turns are appended.
+`ThreadLog.load` reads the thread once and replays it: conversation records
+become nodes of the graph, control records (see `branches`) rebuild the
+branch tips, the current branch, the pins and the compression strategy, and
+summary records (see `storedsummaries`) are kept for the working context.
+Every later change is written to the archive first and then applied to memory
+by the same replay step, so a fresh `load` after a restart always gives the same state.
+After loading, nothing here reads the archive again: `ancestors` walks an
+in-memory map and the current branch's path is cached and extended as turns
+are appended.
+
+`ThreadLog.resume` opens a thread from the tail of its org file instead (see
+`resume`): the newest checkpoint gives the state, the tail the newest part of
+the current branch, so opening costs what the working context needs, not the
+length of the thread.  Such a log is *partial*: what needs more of the graph
+(other branches, old turns, fork, rewind, switch, merge) first makes it whole
+with one `load`.
 
 A turn is a user message and everything after it up to the next user message
 (messages before the first user message form turn 1 on their own).  Use one
 ThreadLog per thread per process; messages other code appends to the same
-thread are seen on the next `load`.
+thread are seen on the next `load` (and a log that notices such a write
+stops writing checkpoints, so a resume never trusts its view).
 """
 
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from opencortex.conversation.branches import (MERGED_FROM, BranchState, control_message,
-                                              is_control, origin_of)
+from opencortex.conversation.branches import BranchState, is_control
+from opencortex.conversation.branchops import BranchOps
 from opencortex.conversation.entries import Entry, default_retention
-from opencortex.conversation.turns import Turn
+from opencortex.conversation.resumable import Resumable
+from opencortex.conversation.storedsummaries import StoredSummary
+from opencortex.conversation.turns import Turn, record_tokens
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, NewMessage
 from opencortex.memory.records import check_thread
+
+SUMMARIES_KEPT = 16      # newest summary records kept in memory
+NEAR_HEAD = 1000         # messages near the head searched before walking the whole graph
 
 
 class UnknownMessage(KeyError, ValueError):
@@ -36,20 +52,30 @@ class UnknownMessage(KeyError, ValueError):
         return str(self.args[0]) if self.args else "unknown message"
 
 
-class ThreadLog:
+class ThreadLog(Resumable, BranchOps):
     """One thread's messages as a graph (PARENT pointers) with branches and a head."""
 
     def __init__(self, archive: Archive, thread: Thread):
-        """An empty log; use `ThreadLog.load` to read a thread's history."""
+        """An empty log; use `ThreadLog.load` or `resume` to read a thread's history."""
         self.archive = archive
         self.thread = check_thread(thread)
         self._records: dict[str, MessageRecord] = {}     # conversation records only
         self._parent: dict[str, str | None] = {}         # effective parent of each record
         self._controls: set[str] = set()                 # ids of control records
         self._state = BranchState()
-        self._path: list[str] = []                       # root .. _path_head
+        self._path: list[str] = []                       # (root or oldest loaded) .. _path_head
         self._path_head: str | None = None
         self._turn_starts: list[int] = []                # indexes into _path where turns begin
+        self._turn_base = 0                              # turns begun before _path[0] (partial)
+        self._head_tokens = 0                            # TOKENS_IN + TOKENS_OUT up to the head
+        self._summaries: deque[StoredSummary] = deque(maxlen=SUMMARIES_KEPT)
+        self._last_seen: str | None = None               # newest entry of the file applied
+        self._first_message: str | None = None           # oldest conversation message
+        self._partial = False                            # resumed from the tail of the file
+        self._rooted = True                              # _path starts at the branch's root
+        self._off_path: set[str] = set()                 # partial: loaded, known off the branch
+        self._stale = False                              # another writer was noticed
+        self._file = archive.thread_file(self.thread) if isinstance(archive, Archive) else None
 
     @classmethod
     def load(cls, archive: Archive, thread: Thread) -> ThreadLog:
@@ -66,10 +92,14 @@ class ThreadLog:
         """Take one archived record (in file order) into the in-memory state."""
         if record.id in self._records or record.id in self._controls:
             return
+        self._last_seen = record.id
         if is_control(record):
             self._controls.add(record.id)
-            self._state.apply_control(record)
+            if not self._keep_summary(record):
+                self._state.apply_control(record)
             return
+        if self._first_message is None:
+            self._first_message = record.id
         parent = record.parent
         if parent is not None and parent not in self._records:
             # Written with an "auto" parent right after a control record (or after an
@@ -83,17 +113,11 @@ class ThreadLog:
 
     def _extend_path(self, record: MessageRecord) -> None:
         """The head moved one message on: extend the cached path instead of rebuilding it."""
-        if record.role == "user" or not self._path:
+        if record.role == "user" or (not self._path and not self._turn_base):
             self._turn_starts.append(len(self._path))
         self._path.append(record.id)
         self._path_head = record.id
-
-    def _write(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
-        """Append MESSAGES in one archive write, then apply them."""
-        records = self.archive.append(messages)
-        for record in records:
-            self._apply(record)
-        return records
+        self._head_tokens += record_tokens(record)
 
     # -- state -----------------------------------------------------------
 
@@ -109,6 +133,7 @@ class ThreadLog:
 
     def branches(self) -> dict[str, str | None]:
         """Branch name -> tip id, in order of creation (None only for an empty branch)."""
+        self._complete()
         return dict(self._state.tips)
 
     def pins(self) -> set[str]:
@@ -124,6 +149,7 @@ class ThreadLog:
         """Each branch in order of creation: {"name", "head_turn" (the turn its head
         is in, 0 when empty), "turns" (how many it has: the same number), "current",
         "head" (the head's message id or None)}.  Costs one walk per branch."""
+        self._complete()
         out = []
         for name, tip in self._state.tips.items():
             path = self._walk(tip)
@@ -135,6 +161,8 @@ class ThreadLog:
 
     def record(self, message_id: str) -> MessageRecord:
         """The conversation message MESSAGE_ID of this thread (UnknownMessage otherwise)."""
+        if message_id not in self._records:
+            self._complete()
         try:
             return self._records[message_id]
         except KeyError:
@@ -142,19 +170,33 @@ class ThreadLog:
 
     def __len__(self) -> int:
         """How many conversation messages the thread holds, on all branches."""
+        self._complete()
         return len(self._records)
 
     # -- the current branch's path -----------------------------------------
 
     def _current_path(self) -> list[str]:
-        """Ids from the root to the head; cached, rebuilt only after the head jumped."""
+        """Ids from the root to the head; cached, rebuilt only after the head jumped.
+        (A partial log holds only the newest part: `_turn_base` turns precede it.)"""
+        if self._state.head != self._path_head:
+            self._complete()
         head = self._state.head
         if head != self._path_head:
             self._path = self._walk(head)
             self._turn_starts = [i for i, mid in enumerate(self._path)
                                  if i == 0 or self._records[mid].role == "user"]
+            self._turn_base = 0
+            self._head_tokens = sum(record_tokens(self._records[mid]) for mid in self._path)
             self._path_head = head
         return self._path
+
+    def _whole_path(self, wanted: int | None) -> list[str]:
+        """The current path, made whole first unless its newest WANTED ids are loaded."""
+        path = self._current_path()
+        if not self._rooted and (wanted is None or wanted > len(path)):
+            self._complete()
+            path = self._current_path()
+        return path
 
     def _walk(self, message_id: str | None) -> list[str]:
         """Ids from the root to MESSAGE_ID, oldest first (bounded by the number of records)."""
@@ -175,8 +217,9 @@ class ThreadLog:
         Only conversation records; LIMIT keeps just the newest LIMIT of them.
         """
         if message_id is None or message_id == self.head:
-            path = self._current_path()
+            path = self._whole_path(limit)
         else:
+            self._complete()
             self.record(message_id)
             path = self._walk(message_id)
         if limit is not None:
@@ -186,38 +229,73 @@ class ThreadLog:
     def turn_count(self) -> int:
         """How many turns the current branch has."""
         self._current_path()
-        return len(self._turn_starts)
+        return self._turn_base + len(self._turn_starts)
+
+    def head_tokens(self) -> int:
+        """TOKENS_IN + TOKENS_OUT written on the current branch's records."""
+        self._current_path()
+        return self._head_tokens
 
     def turns(self) -> list[Turn]:
         """The turns of the current branch, numbered 1..N."""
-        path = self._current_path()
+        path = self._whole_path(None)
         return [self._turn_at(n, path) for n in range(1, len(self._turn_starts) + 1)]
 
     def turn(self, number: int) -> Turn:
         """Turn NUMBER of the current branch (ValueError when there is none)."""
         path = self._current_path()
-        count = len(self._turn_starts)
+        count = self.turn_count()
         if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= count:
             raise ValueError(f"there is no turn {number} (this branch has {count})")
+        if number <= self._turn_base:
+            path = self._whole_path(None)
         return self._turn_at(number, path)
 
     def _turn_at(self, number: int, path: list[str]) -> Turn:
-        start = self._turn_starts[number - 1]
-        end = self._turn_starts[number] if number < len(self._turn_starts) else len(path)
+        index = number - self._turn_base - 1
+        start = self._turn_starts[index]
+        end = self._turn_starts[index + 1] if index + 1 < len(self._turn_starts) else len(path)
         records = [self._records[mid] for mid in path[start:end]]
         if records[0].role == "user":
             return Turn(number, records[0], records[1:])
         return Turn(number, None, records)
 
+    def last_turns(self, count: int) -> list[Turn]:
+        """The newest COUNT turns of the current branch (all when it has fewer)."""
+        total = self.turn_count()
+        return [self.turn(n) for n in range(max(1, total - count + 1), total + 1)]
+
+    def position(self, message_id: str, *, within: int) -> int | None:
+        """How many messages follow MESSAGE_ID on the current branch, when it is one of
+        the newest WITHIN (None otherwise, or when the log does not hold them)."""
+        path = self._current_path()
+        for back in range(min(within, len(path))):
+            if path[-1 - back] == message_id:
+                return back
+        return None
+
+    def recent_ids(self, count: int) -> list[str]:
+        """The ids of the newest COUNT messages of the current branch the log holds."""
+        path = self._current_path()
+        return path[max(0, len(path) - count):]
+
     def turn_of(self, message_id: str) -> int | None:
         """The number of the current branch's turn holding MESSAGE_ID (None when off it)."""
         path = self._current_path()
-        self.record(message_id)
-        # Positions on the path are found by walking up from the message (it may be deep).
-        depth = len(self._walk(message_id)) - 1
-        if depth >= len(path) or path[depth] != message_id:
-            return None
-        return bisect.bisect_right(self._turn_starts, depth)
+        back = self.position(message_id, within=len(path) if self._partial else NEAR_HEAD)
+        if back is None and self._partial:
+            if message_id in self._off_path:
+                return None
+            self._complete()
+            path = self._current_path()
+        if back is None:
+            self.record(message_id)
+            # Positions on the path are found by walking up from the message (it may be deep).
+            depth = len(self._walk(message_id)) - 1
+            if depth >= len(path) or path[depth] != message_id:
+                return None
+            return bisect.bisect_right(self._turn_starts, depth)
+        return self._turn_base + bisect.bisect_right(self._turn_starts, len(path) - 1 - back)
 
     def entries(self, *, limit: int | None = None) -> list[Entry]:
         """The current branch as Entries (pinned ones PRESERVED), oldest first.
@@ -225,7 +303,7 @@ class ThreadLog:
         LIMIT keeps only the newest LIMIT messages; the cost follows LIMIT, not
         the length of the thread.
         """
-        path = self._current_path()
+        path = self._whole_path(limit)
         first = 0 if limit is None else max(0, len(path) - limit)
         pins = self._state.pins
         out = []
@@ -234,14 +312,20 @@ class ThreadLog:
             retention = ("PRESERVED" if record.id in pins
                          else default_retention(record.role, record.text, record.turn_type))
             out.append(Entry(id=record.id, role=record.role, text=record.text,
-                             turn=bisect.bisect_right(self._turn_starts, index),
+                             turn=self._turn_base + bisect.bisect_right(self._turn_starts,
+                                                                        index),
                              turn_type=record.turn_type, retention=retention))
         return out
 
     # -- writing ----------------------------------------------------------
 
-    def append_turn(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
-        """Archive MESSAGES (one turn) after the head in one write; the head moves to the last."""
+    def append_turn(self, messages: Sequence[NewMessage], *,
+                    checkpoint: bool = False) -> list[MessageRecord]:
+        """Archive MESSAGES (one turn) after the head in one write; the head moves to the last.
+
+        With CHECKPOINT, the last reply of the turn carries the log's state before
+        the write (see `checkpoint`), so a restart can resume from the file's tail.
+        """
         batch = list(messages)
         if not batch:
             raise ValueError("a turn needs at least one message")
@@ -254,147 +338,9 @@ class ThreadLog:
                 raise ValueError("a turn cannot hold control records (extra CONTROL)")
         chained = [batch[0].model_copy(update={"parent": self.head})]
         chained += [m.model_copy(update={"parent": "auto"}) for m in batch[1:]]
+        replies = [i for i, m in enumerate(chained) if m.role != "user"]
+        state = self.checkpoint() if checkpoint and replies else {}
+        if state:
+            last = chained[replies[-1]]
+            chained[replies[-1]] = last.model_copy(update={"extra": {**last.extra, **state}})
         return self._write(chained)
-
-    def _target_of_turn(self, turn: int | None) -> str:
-        target = self.head if turn is None else self.turn(turn).last
-        if target is None:
-            raise ValueError("there is nothing to branch from yet: this thread has no messages")
-        return target
-
-    def _describe(self, message_id: str) -> str:
-        number = self.turn_of(message_id)
-        return f"turn {number}" if number is not None else f"message {message_id[:8]}"
-
-    def fork(self, turn: int | None = None, *, at: str | None = None) -> str:
-        """Start a new branch from the end of turn TURN (default: the head), or from message AT.
-
-        The new branch ("b2", "b3", …) becomes current; its name is returned.
-        """
-        target = self.record(at).id if at is not None else self._target_of_turn(turn)
-        return self._new_branch(target, f"Forked branch {{name}} at {self._describe(target)}")
-
-    def start_afresh(self) -> str:
-        """A new, empty branch (nothing before it) that becomes current; its name."""
-        return self._new_branch(None, "Started branch {name} afresh")
-
-    def _new_branch(self, target: str | None, description: str) -> str:
-        """Create the next branch with its tip at TARGET and make it current.
-        DESCRIPTION, with {name} for the branch's name, is the archive's line for it."""
-        name = self._state.next_name()
-        self._write([
-            control_message(self.thread, "branch", target=target, branch=name,
-                            text=description.format(name=name)),
-            control_message(self.thread, "head", target=target, branch=name,
-                            text=f"Switched to branch {name}")])
-        return name
-
-    def switch(self, branch: str) -> None:
-        """Make BRANCH current (ValueError naming the branches when it does not exist)."""
-        self._check_branch(branch)
-        if branch != self.branch:
-            self._write([control_message(self.thread, "head", target=self._state.tips[branch],
-                                         branch=branch, text=f"Switched to branch {branch}")])
-
-    def rewind(self, turn: int) -> str | None:
-        """Move the current branch's head back to the end of turn TURN.
-
-        The later turns stay archived: on a new branch unless another branch
-        already reaches them.  Returns that branch's name (None when TURN is
-        already the last turn and nothing moves).
-        """
-        count = self.turn_count()
-        target = self.turn(turn).last
-        if turn == count:
-            return None
-        old_head = self.head
-        keeper = next((name for name, tip in self._state.tips.items()
-                       if name != self.branch and tip is not None
-                       and self._reaches(tip, old_head)), None)
-        messages = []
-        if keeper is None:
-            keeper = self._state.next_name()
-            messages.append(control_message(
-                self.thread, "branch", target=old_head, branch=keeper,
-                text=f"Kept turns {turn + 1}-{count} of {self.branch} on branch {keeper}"))
-        messages.append(control_message(
-            self.thread, "head", target=target, branch=self.branch,
-            text=f"Rewound {self.branch} to turn {turn} (turns {turn + 1}-{count} "
-                 f"are on {keeper})"))
-        self._write(messages)
-        return keeper
-
-    def reaches(self, branch: str, message_id: str | None) -> bool:
-        """Whether MESSAGE_ID is on BRANCH (its tip or an ancestor); None, where
-        every branch starts, always is."""
-        self._check_branch(branch)
-        tip = self._state.tips[branch]
-        return message_id is None or (tip is not None and self._reaches(tip, message_id))
-
-    def _reaches(self, tip: str, message_id: str | None) -> bool:
-        """True when MESSAGE_ID is TIP or one of its ancestors."""
-        here: str | None = tip
-        for _ in range(len(self._records) + 1):
-            if here is None:
-                return False
-            if here == message_id:
-                return True
-            here = self._parent[here]
-        return False
-
-    def merge(self, branch: str) -> list[MessageRecord]:
-        """Copy BRANCH's messages that the head lacks onto the head; returns the copies.
-
-        Copies get new ids and MERGED_FROM=<original id>.  A message is already
-        there when the head's past holds it, or a copy of it, or the original
-        it was itself copied from, so merging twice adds nothing.
-        """
-        self._check_branch(branch)
-        if branch == self.branch:
-            raise ValueError(f"cannot merge branch {branch} into itself")
-        mine = self._current_path()
-        have = set(mine) | {origin_of(self._records[mid]) for mid in mine}
-        theirs = self._walk(self._state.tips[branch])
-        missing = [self._records[mid] for mid in theirs
-                   if mid not in have and origin_of(self._records[mid]) not in have]
-        if not missing:
-            return []
-        copies = [NewMessage(role=r.role, text=r.text, thread=self.thread, sender=r.sender,
-                             turn_type=r.turn_type,
-                             extra={**r.extra, MERGED_FROM: origin_of(r)},
-                             parent=self.head if i == 0 else "auto")
-                  for i, r in enumerate(missing)]
-        return self._write(copies)
-
-    def _check_branch(self, branch: str) -> None:
-        if branch not in self._state.tips:
-            raise ValueError(f"there is no branch {branch!r}; branches: "
-                             + ", ".join(self._state.tips))
-
-    def set_strategy(self, name: str) -> bool:
-        """Keep NAME as this thread's compression strategy (the caller checked it is
-        one); False when it already was."""
-        if name == self._state.strategy:
-            return False
-        self._write([control_message(self.thread, "strategy", target=None, branch=self.branch,
-                                     text=f"Compression strategy {name}", value=name)])
-        return True
-
-    def pin(self, message_id: str) -> bool:
-        """Pin MESSAGE_ID (it is never folded away); False when it already was."""
-        record = self.record(message_id)
-        if record.id in self._state.pins:
-            return False
-        self._write([control_message(self.thread, "pin", target=record.id, branch=self.branch,
-                                     text=f"Pinned {self._describe(record.id)}")])
-        return True
-
-    def unpin(self, message_id: str) -> bool:
-        """Unpin MESSAGE_ID; False when it was not pinned."""
-        record = self.record(message_id)
-        if record.id not in self._state.pins:
-            return False
-        self._write([control_message(self.thread, "unpin", target=record.id,
-                                     branch=self.branch,
-                                     text=f"Unpinned {self._describe(record.id)}")])
-        return True

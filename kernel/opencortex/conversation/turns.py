@@ -10,6 +10,21 @@ from dataclasses import dataclass, field
 
 from opencortex.memory import MessageRecord
 
+# Extra properties the kernel writes on a turn's reply record.
+TOKENS_IN, TOKENS_OUT = "TOKENS_IN", "TOKENS_OUT"
+
+
+def record_tokens(record: MessageRecord) -> int:
+    """TOKENS_IN + TOKENS_OUT written on RECORD (missing or unreadable counts are 0)."""
+    return _count(record.extra.get(TOKENS_IN)) + _count(record.extra.get(TOKENS_OUT))
+
+
+def _count(value: str | None) -> int:
+    try:
+        return max(0, int(value)) if value is not None else 0
+    except ValueError:
+        return 0
+
 
 @dataclass(frozen=True)
 class Turn:

@@ -4,6 +4,8 @@ Writers hold an exclusive `flock` (file opened read-write with O_APPEND);
 readers hold a shared one.  Settling the tail before an append reads the file
 backwards (searching for lines starting with `*`) only as far as its last
 write reaches, so its cost does not grow with the size of the file.
+`entries_backwards` walks the entries from the end the same way, block by
+block, for readers that need only the newest part of a thread.
 """
 
 from __future__ import annotations
@@ -93,6 +95,31 @@ def read_last_entry(fd: int, size: int) -> tuple[int | None, bytes]:
         end = start
     data = b"".join(reversed(pieces))
     return (0, data) if data.startswith(b"*") else (None, data)
+
+
+def entries_backwards(fd: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, bytes) of each entry in the first END bytes of the file, newest first.
+
+    Reads TAIL_CHUNK bytes at a time from the end, so reading the last N
+    entries costs their size, not the file's.  The header before the first
+    entry is not an entry and is never yielded.
+    """
+    buffer, start = b"", end          # buffer holds bytes start .. start + len(buffer)
+    stop = 0                          # bytes of the buffer not yielded yet
+    while True:
+        found = buffer.rfind(b"\n*", 0, stop)
+        if found >= 0:
+            yield start + found + 1, buffer[found + 1:stop]
+            stop = found + 1
+            continue
+        if start == 0:
+            if buffer.startswith(b"*") and stop > 0:
+                yield 0, buffer[:stop]
+            return
+        begin = max(0, start - TAIL_CHUNK)
+        buffer = read_range(fd, begin, start) + buffer[:stop]
+        stop += start - begin
+        start = begin
 
 
 def move_aside(fd: int, path: Path, start: int, size: int) -> Path:

@@ -1,0 +1,69 @@
+"""Checkpoints: what a restart needs to resume a thread from the tail of its file.
+
+A turn written through `Conversations.record_turn` carries, on its last reply
+record, one extra property `:CHECKPOINT:` describing the thread log's state
+just BEFORE that write (the write itself is replayed on top of it)::
+
+    :CHECKPOINT: head=<id> branch=main turns=41 tokens=5230 seen=<id> first=<id> strategy=summarize pins=<id>,<id>
+
+- head, branch: the current branch and its newest message ("" when empty);
+- turns, tokens: that branch's turn count and TOKENS_IN + TOKENS_OUT so far;
+- strategy, pins: the thread's compression strategy ("" = configured) and pins;
+- seen: the id of the last entry of the file the writer knew of ("" = none),
+  so a reader can tell that no other process wrote in between;
+- first: the id of the first conversation message of the file ("" = none yet),
+  so a reader can tell that older messages were not forgotten since.
+
+Values are ids, numbers and words separated by single spaces; a branch name
+is percent-encoded.  A value that cannot be read is no checkpoint (the
+thread is then read whole, as before checkpoints existed).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+CHECKPOINT = "CHECKPOINT"
+_FIELD = re.compile(r"([a-z]+)=(\S*)")
+_FIELDS = ("head", "branch", "turns", "tokens", "seen", "first", "strategy", "pins")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A thread log's state before one write."""
+
+    head: str | None
+    branch: str
+    turns: int
+    tokens: int
+    seen: str | None
+    first: str | None
+    strategy: str | None
+    pins: frozenset[str]
+
+    def render(self) -> str:
+        """The `:CHECKPOINT:` value (one line)."""
+        return (f"head={self.head or ''} branch={quote(self.branch, safe='')} "
+                f"turns={self.turns} tokens={self.tokens} seen={self.seen or ''} "
+                f"first={self.first or ''} strategy={self.strategy or ''} "
+                f"pins={','.join(sorted(self.pins))}")
+
+
+def parse_checkpoint(value: str) -> Checkpoint | None:
+    """The checkpoint VALUE describes; None when it is malformed or incomplete."""
+    fields = dict(_FIELD.findall(value))
+    if set(fields) != set(_FIELDS) or len(value.split()) != len(_FIELDS):
+        return None
+    try:
+        turns, tokens = int(fields["turns"]), int(fields["tokens"])
+        branch = unquote(fields["branch"], errors="strict")
+    except ValueError:
+        return None
+    if turns < 0 or tokens < 0 or not branch:
+        return None
+    return Checkpoint(head=fields["head"] or None, branch=branch, turns=turns, tokens=tokens,
+                      seen=fields["seen"] or None, first=fields["first"] or None,
+                      strategy=fields["strategy"] or None,
+                      pins=frozenset(p for p in fields["pins"].split(",") if p))
