@@ -14,7 +14,8 @@
 ;; started once automatically, then ask; offer to reconnect to one it did
 ;; not start), and stopping it cleanly.  Only one kernel runs per home.
 ;; The methods the kernel calls into Emacs are in opencortex-chat.el,
-;; opencortex-stream.el and opencortex-approval.el.
+;; opencortex-stream.el, opencortex-approval.el, opencortex-tools.el and
+;; opencortex-tools-org.el.
 
 ;;; Code:
 
@@ -25,6 +26,8 @@
 (require 'opencortex-chat)
 (require 'opencortex-stream)
 (require 'opencortex-approval)
+(require 'opencortex-tools)
+(require 'opencortex-tools-org)
 
 ;;;; Options
 
@@ -419,9 +422,14 @@ Return the new connection (in state `failed' when the process could not start)."
                                            (truncate-string-to-width line 80)))))))))
 
 (defun opencortex--attach (conn port)
-  "Connect CONN to the kernel on 127.0.0.1:PORT over EPC and authenticate."
+  "Connect CONN to the kernel on 127.0.0.1:PORT over EPC and authenticate.
+The kernel prints its port before it has loaded its skills; it answers
+once it has, and within `opencortex-start-timeout' seconds or not at all."
   (when (timerp (opencortex--connection-timer conn))
     (cancel-timer (opencortex--connection-timer conn)))
+  (setf (opencortex--connection-timer conn)
+        (run-at-time opencortex-start-timeout nil #'opencortex--lost conn
+                     (format "it did not answer within %s s" opencortex-start-timeout)))
   (condition-case err
       (let* ((epc-connection (epc:connect "127.0.0.1" port))
              (manager (make-epc:manager
@@ -435,7 +443,7 @@ Return the new connection (in state `failed' when the process could not start)."
                                 (funcall epc-sentinel process event)
                                 (opencortex--connection-closed conn)))
         (epc:init-epc-layer manager)
-        (dolist (method opencortex--methods)
+        (dolist (method (append opencortex--methods opencortex--tool-methods))
           (epc:define-method manager (nth 0 method) (nth 1 method) (nth 2 method) (nth 3 method)))
         (setf (opencortex--connection-manager conn) manager)
         (opencortex--set-state conn 'authenticating)
@@ -462,6 +470,8 @@ the better news, so wait a little for it before speaking."
 
 (defun opencortex--ready (conn)
   "Mark CONN ready, then send what waited for it to authenticate."
+  (when (timerp (opencortex--connection-timer conn))
+    (cancel-timer (opencortex--connection-timer conn)))
   (opencortex--set-state conn 'ready)
   (let ((waiting (reverse (opencortex--connection-waiting conn))))
     (setf (opencortex--connection-waiting conn) nil)

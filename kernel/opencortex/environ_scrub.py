@@ -18,11 +18,15 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import sys
 
-from opencortex.actuators.shell import SECRET_NAME
-
 log = logging.getLogger(__name__)
+
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+"""Names of variables that hold secrets: hidden here, and never passed to an approved
+command (`actuators.shell`).  Defined here, a light module `serve` imports before
+its port line."""
 
 KERNEL_SECRET = "OPENCORTEX_SECRET"
 FILLER = b"*"

@@ -270,7 +270,8 @@ class KernelEpcServer(EPCServer):
                  max_payload_bytes: int = 4 << 20, max_connections: int = 16,
                  auth_timeout: float = 5.0, send_queue_bytes: int | None = None,
                  on_connect: Callable[[KernelConnection], None] | None = None,
-                 on_disconnect: Callable[[KernelConnection], None] | None = None):
+                 on_disconnect: Callable[[KernelConnection], None] | None = None,
+                 listening: socket.socket | None = None):
         self.loop = loop
         self.secret = secret
         self.methods = methods
@@ -289,7 +290,14 @@ class KernelEpcServer(EPCServer):
                                              "and was closed")
         self.log_refused = ThrottledLog("an EPC connection was refused: too many open")
         self.log_framing = ThrottledLog("an EPC connection was closed: ", level=logging.INFO)
-        super().__init__(("127.0.0.1", port), RequestHandlerClass=KernelConnection)
+        if listening is None:
+            super().__init__(("127.0.0.1", port), RequestHandlerClass=KernelConnection)
+        else:               # bound and listening already (`opencortex serve` binds early)
+            super().__init__(listening.getsockname(), RequestHandlerClass=KernelConnection,
+                             bind_and_activate=False)
+            self.socket.close()
+            self.socket = listening
+            self.server_address = listening.getsockname()
 
     @property
     def port(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Callable, TextIO
 
@@ -15,7 +16,9 @@ from opencortex.kernel import Kernel
 from opencortex.llm import Backend, make_backend
 from opencortex.memory import Archive
 from opencortex.skills import SkillRegistry
-from opencortex.tools import default_tools
+from opencortex.tools import ToolRegistry, default_tools
+from opencortex.tools.memory_view import OwnerMemory
+from opencortex.tools.settings import ToolSettings
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +34,24 @@ def read_persona(path: Path) -> str:
     return "\n".join(lines).strip()
 
 
-def load_skills(config: Config) -> SkillRegistry:
-    registry = SkillRegistry(config.all_skill_dirs)
+def skill_cache_dir(config: Config) -> Path:
+    """Where the home keeps compiled skill files (see `opencortex.skills.compile_cache`)."""
+    return config.home / "cache" / "skills"
+
+
+def load_skills(config: Config, tools: ToolRegistry | None = None) -> SkillRegistry:
+    """The skills (and the tools they define, added to TOOLS) of the configured directories."""
+    registry = SkillRegistry(config.all_skill_dirs, tools if tools is not None else default_tools(),
+                             cache_dir=skill_cache_dir(config))
     registry.load()
     return registry
+
+
+def tool_settings(config: Config) -> ToolSettings:
+    """`[tools]` with the home's defaults filled in (the notes file)."""
+    if config.tools.notes_file is not None:
+        return config.tools
+    return config.tools.model_copy(update={"notes_file": config.memory_dir / "notes.org"})
 
 
 def build_kernel(config: Config, *, backend: Backend | None = None,
@@ -42,14 +59,16 @@ def build_kernel(config: Config, *, backend: Backend | None = None,
                  stream: TextIO | None = None) -> Kernel:
     """A ready kernel; skill load errors are in `kernel.skills.errors`."""
     tools = default_tools()
-    actuators = ActuatorRegistry([CliActuator(stream=stream, writer=writer), ToolActuator(tools),
-                                  ShellActuator(config.shell, config.home)])
     backend = backend or make_backend(config)
     archive = Archive(config.memory_dir)
     summarizer = backend_summarizer(backend) if backend.name not in ("echo", "script") else None
     unarchived = [name for name, bridge in config.bridges.enabled().items() if not bridge.archive]
     conversations = Conversations(archive, config.conversation, summarizer=summarizer,
                                   unarchived=unarchived)
-    return Kernel(config=config, skills=load_skills(config), backend=backend,
+    actuators = ActuatorRegistry([CliActuator(stream=stream, writer=writer),
+                                  ToolActuator(tools, tool_settings(config),
+                                               memory_for=partial(OwnerMemory.of, conversations)),
+                                  ShellActuator(config.shell, config.home)])
+    return Kernel(config=config, skills=load_skills(config, tools), backend=backend,
                   actuators=actuators, archive=archive, tools=tools,
                   conversations=conversations, persona=read_persona(config.persona_file))

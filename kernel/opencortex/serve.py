@@ -4,7 +4,14 @@ It takes the home's lock first (`homelock`: a second kernel on the same home is
 refused, naming the running one), then serves Emacs over EPC, the bridges the
 configuration enables, and with `--ws PORT` the ChatEvent wire.
 
-The first line on stdout is the EPC port, and nothing is printed before it.  The
+The first line on stdout is the EPC port, and nothing is printed before it.  It
+comes as soon as the lock is held and the port is bound (without `--ws`): the
+kernel is built after it (imports, skills, archive).  Connections made meanwhile
+wait in the socket's listen queue and are accepted, authenticated and answered
+once the kernel is ready, so an early call waits and never fails; a kernel that
+cannot be built exits with its error on stderr (Emacs, then authenticating, says
+it could not start).  With `--ws` the kernel is built first, since the wire port
+goes in the connection file too.  The
 secret comes from `$OPENCORTEX_SECRET` when Emacs starts the kernel (and is then
 removed from the environment, so no child process inherits it, and hidden from
 /proc/<pid>/environ with the provider keys: see `environ_scrub`), else the
@@ -28,24 +35,27 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import stat
 import sys
 import threading
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from opencortex.approvals import ApprovalBook
-from opencortex.bridges.runner import build_bridges, run_bridges
 from opencortex.config import Config
-from opencortex.emacs import EmacsActuator, EmacsApprover, EmacsLink, EmacsService
 from opencortex.environ_scrub import scrub_process_environment
-from opencortex.epc import KernelEpcServer
 from opencortex.homelock import HomeLock
-from opencortex.kernel import Kernel
-from opencortex.llm import Backend
-from opencortex.runtime import build_kernel
+
+if TYPE_CHECKING:     # the kernel's modules load after the port line (see `_serve_locked`)
+    from opencortex.emacs import EmacsService
+    from opencortex.epc import KernelEpcServer
+    from opencortex.kernel import Kernel
+    from opencortex.llm import Backend
 
 log = logging.getLogger(__name__)
+
+LISTEN_BACKLOG = 16
+"""Connections the EPC port queues while the kernel is built (and between accepts)."""
 
 
 def runtime_dir() -> Path:
@@ -95,16 +105,37 @@ def write_connection_file(path: Path, port: int, secret: str, **more: Any) -> No
     os.replace(temporary, path)
 
 
+def listening_socket(port: int) -> socket.socket:
+    """A socket bound to 127.0.0.1:PORT (0: any free port) and listening, for the EPC
+    server to adopt once the kernel is built (OSError when the port is taken)."""
+    listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as socketserver
+        listening.bind(("127.0.0.1", port))
+        listening.listen(LISTEN_BACKLOG)
+    except BaseException:
+        listening.close()
+        raise
+    return listening
+
+
 def emacs_frontend(config: Config, kernel: Kernel, loop: asyncio.AbstractEventLoop,
-                   secret: str, port: int) -> tuple[EmacsService, KernelEpcServer]:
-    """Wire KERNEL to Emacs: actuator, approver, the methods, and the EPC server on PORT."""
+                   secret: str, listening: socket.socket
+                   ) -> tuple[EmacsService, KernelEpcServer]:
+    """Wire KERNEL to Emacs: actuator, approver, the methods, and the EPC server on the
+    LISTENING socket."""
+    from opencortex.approvals import ApprovalBook
+    from opencortex.emacs import EmacsActuator, EmacsApprover, EmacsLink, EmacsService
+    from opencortex.epc import KernelEpcServer
     settings = config.emacs
     link, book = EmacsLink(settings.call_timeout), ApprovalBook()
     actuator = EmacsActuator(link, settings.max_payload_bytes)
     kernel.actuators.register(actuator)
     kernel.approvers["emacs"] = EmacsApprover(link, book)
+    tools = kernel.actuators.for_target("tool")
+    tools.emacs = lambda: link if link.connection is not None else None   # for Emacs tools
     service = EmacsService(kernel, link, book, actuator.piece_bytes)
-    server = KernelEpcServer(loop, secret, service.methods(), port=port,
+    server = KernelEpcServer(loop, secret, service.methods(), listening=listening,
                              max_payload_bytes=settings.max_payload_bytes,
                              max_connections=settings.max_connections,
                              auth_timeout=settings.auth_timeout,
@@ -136,25 +167,49 @@ async def _serve_locked(config: Config, lock: HomeLock, *, port: int, stdout: Te
                         backend: Backend | None, stop: asyncio.Event | None,
                         ws_port: int | None, secret: str, ws_token: str,
                         written: Path) -> int:
+    """Bind, print the port line, build the kernel, serve (see the module doc for the order)."""
     private_directory(written.parent)                  # refused before anything starts
     loop = asyncio.get_running_loop()
-    kernel = build_kernel(config, stream=sys.stderr, backend=backend)
-    service, server = emacs_frontend(config, kernel, loop, secret, port)
-    wire = await _start_wire(kernel, ws_port, ws_token) if ws_port is not None else None
-    extra = {"ws_port": wire.port, "ws_token": ws_token} if wire is not None else {}
-    write_connection_file(written, server.port, secret, home=str(config.home), **extra)
-    lock.record(port=server.port, connection_file=str(written))
-    stdout.write(f"{server.port}\n")
-    stdout.flush()
-    _warn_at_start(kernel)
-    bridges, problems = build_bridges(config, kernel)
-    for problem in problems:
-        print(f"warning: {problem}", file=sys.stderr)
-    if stop is None:
+    if stop is None:                    # a signal during the build stops the kernel after it
         stop = asyncio.Event()
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(number, stop.set)
-    bridging = run_bridges(bridges, stop)
+    listening = listening_socket(port)
+    try:
+        if ws_port is None:
+            _announce(config, lock, stdout, written, listening.getsockname()[1], secret)
+        return await _build_and_serve(config, lock, loop, listening, stdout=stdout,
+                                      backend=backend, stop=stop, ws_port=ws_port,
+                                      secret=secret, ws_token=ws_token, written=written)
+    finally:
+        listening.close()
+        written.unlink(missing_ok=True)
+
+
+def _announce(config: Config, lock: HomeLock, stdout: TextIO, written: Path, port: int,
+              secret: str, **extra: Any) -> None:
+    """Write the connection file, record the port in the lock, print the port line."""
+    write_connection_file(written, port, secret, home=str(config.home), **extra)
+    lock.record(port=port, connection_file=str(written))
+    stdout.write(f"{port}\n")
+    stdout.flush()
+
+
+async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.AbstractEventLoop,
+                           listening: socket.socket, *, stdout: TextIO,
+                           backend: Backend | None, stop: asyncio.Event, ws_port: int | None,
+                           secret: str, ws_token: str, written: Path) -> int:
+    """Build the kernel and its frontends on LISTENING, serve until STOP, then close."""
+    from opencortex.runtime import build_kernel
+    kernel = build_kernel(config, stream=sys.stderr, backend=backend)
+    service, server = emacs_frontend(config, kernel, loop, secret, listening)
+    wire = await _start_wire(kernel, ws_port, ws_token) if ws_port is not None else None
+    if wire is not None:
+        _announce(config, lock, stdout, written, server.port, secret,
+                  ws_port=wire.port, ws_token=ws_token)
+    _warn_at_start(kernel)
+    await kernel.start(wait=False)   # MCP servers: their tools join as each comes up
+    bridging = _start_bridges(config, kernel, stop)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                               daemon=True, name="opencortex-epc")
     thread.start()
@@ -167,7 +222,6 @@ async def _serve_locked(config: Config, lock: HomeLock, *, port: int, stdout: Te
         if wire is not None:
             await wire.close()
         await kernel.aclose()
-        written.unlink(missing_ok=True)
         log.info("kernel stopped")
     return 0
 
@@ -176,6 +230,18 @@ async def _start_wire(kernel: Kernel, port: int, token: str) -> Any:
     """The ChatEvent wire on 127.0.0.1:PORT (the `wire` extra: websockets)."""
     from opencortex.wire import start_wire
     return await start_wire(kernel, port=port, token=token)
+
+
+def _start_bridges(config: Config, kernel: Kernel,
+                   stop: asyncio.Event) -> list[asyncio.Task[None]]:
+    """Start the enabled bridges (their modules load only when one is enabled)."""
+    if not config.bridges.enabled():
+        return []
+    from opencortex.bridges.runner import build_bridges, run_bridges
+    bridges, problems = build_bridges(config, kernel)
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    return run_bridges(bridges, stop)
 
 
 def _warn_at_start(kernel: Kernel) -> None:

@@ -13,7 +13,6 @@ Output comes back as an org example block, truncated with a note when long.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from pathlib import Path
 
@@ -22,12 +21,12 @@ from opencortex.actuators.base import Actuator, ActuatorError, Outcome
 from opencortex.actuators.bounded import Finished, run_bounded
 from opencortex.approvals import ApprovalDecision
 from opencortex.config import ShellSettings
+from opencortex.environ_scrub import SECRET_NAME
 from opencortex.events import Event
 
 # Kept bytes per shown character: UTF-8 needs at most 4, so the kept bytes always
 # decode to more than output_limit characters when the output was longer.
 BYTES_PER_CHARACTER = 4
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
 def argv_of(action: ShellCommand) -> list[str]:

@@ -1,22 +1,37 @@
-"""LLM backends behind one interface (see `base`): echo, script, anthropic, openai."""
+"""LLM backends behind one interface (see `base`): echo, script, anthropic, openai.
+
+The names this package exports load their module on first use (PEP 562), so the
+configuration, which imports `opencortex.llm.settings`, loads no backend, and
+`opencortex serve` prints its port line sooner.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import TYPE_CHECKING
-
-from opencortex.llm.base import (Backend, LLMError, PromptMessage, PromptRequest, ReplyAddress,
-                                 Usage)
-from opencortex.llm.cost import estimate_cost
-from opencortex.llm.echo import ECHO_WARNING, EchoBackend
-from opencortex.llm.fallback import EchoFallback
-from opencortex.llm.provider import ProviderBackend
-from opencortex.llm.routing import archetype_for, choose_model
-from opencortex.llm.script import ScriptBackend
-from opencortex.llm.settings import LLMSettings
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # config.py imports llm.settings: no import of config at run time
     from opencortex.config import Config
+    from opencortex.llm.base import Backend
+    from opencortex.llm.provider import ProviderBackend
+    from opencortex.llm.settings import LLMSettings
+
+_LAZY = {**dict.fromkeys(["Backend", "LLMError", "PromptMessage", "PromptRequest",
+                          "ReplyAddress", "Usage"], "base"),
+         "estimate_cost": "cost", "ECHO_WARNING": "echo", "EchoBackend": "echo",
+         "EchoFallback": "fallback", "ProviderBackend": "provider",
+         "archetype_for": "routing", "choose_model": "routing",
+         "ScriptBackend": "script", "LLMSettings": "settings"}
+
+
+def __getattr__(name: str) -> Any:
+    """An exported name, from its module (loaded now if it was not yet)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
 
 __all__ = ["Backend", "LLMError", "PromptMessage", "PromptRequest", "ReplyAddress", "Usage",
            "EchoBackend", "EchoFallback", "ScriptBackend", "LLMSettings", "make_backend",
@@ -54,6 +69,9 @@ def make_backend(config: Config) -> Backend:
     `auto` picks a provider whose key is set (see `auto_backend_name`), else echo.
     A provider is wrapped in `EchoFallback` unless `[llm] fallback_to_echo = false`.
     """
+    from opencortex.llm.echo import ECHO_WARNING, EchoBackend
+    from opencortex.llm.fallback import EchoFallback
+    from opencortex.llm.script import ScriptBackend
     if config.backend == "script":
         if config.script is None:
             raise ValueError("backend 'script' needs a script file: set `script` in the "

@@ -15,7 +15,9 @@ dropped and rebuilt at any time.  Tables:
 - `meta`: the tokenizer the FTS tables were made with ("porter" stems English
   words, so "donated" finds "donate").
 
-An index of another schema version or tokenizer is rebuilt on open.
+An index of another schema version or tokenizer is rebuilt on open.  The
+SQLite file is opened lazily, by the first read or write (a kernel starts
+without touching it until its archive needs it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -76,7 +79,7 @@ class MessageIndex:
     """History and search over the archive, stored in one SQLite file (WAL mode)."""
 
     def __init__(self, path: Path, *, tokenizer: str = DEFAULT_TOKENIZER):
-        """Open the index at PATH; an unreadable one is deleted and created anew (empty).
+        """The index at PATH, opened by its first use (see `_db`).
 
         TOKENIZER: "porter" (English stemming) or "unicode61"; an index made
         with another one is emptied.  The archive then fills an empty index
@@ -84,15 +87,35 @@ class MessageIndex:
         """
         self.path = Path(path)
         self._common: set[tuple[str, str]] = set()   # (table, phrase) known to be very common
-        self._parts = Partitions(tokenizer)           # attached to the connection below
-        try:
-            self._db = self._open()
-        except sqlite3.DatabaseError as error:
-            log.warning("index %s is unreadable (%s); rebuilding it", self.path,
-                        type(error).__name__)
-            self._remove_files()
-            self._db = self._open()
-        self._parts.attach(self._db)
+        self._partitions = Partitions(tokenizer)      # attached to the connection on open
+        self._connection: sqlite3.Connection | None = None
+        self._opening = threading.Lock()
+        self._closed = False
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        """The connection, opened on first use (an unreadable index is deleted and
+        created anew, empty).  After `close`, sqlite3.ProgrammingError."""
+        with self._opening:
+            if self._connection is None and not self._closed:
+                try:
+                    db = self._open()
+                except sqlite3.DatabaseError as error:
+                    log.warning("index %s is unreadable (%s); rebuilding it", self.path,
+                                type(error).__name__)
+                    self._remove_files()
+                    db = self._open()
+                self._partitions.attach(db)
+                self._connection = db
+        if self._connection is None:
+            raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+        return self._connection
+
+    @property
+    def _parts(self) -> Partitions:
+        """The partitions, working on the connection (opened on first use)."""
+        self._db
+        return self._partitions
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -102,7 +125,7 @@ class MessageIndex:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version != SCHEMA_VERSION:
                 self._create(db)
-            elif self._tokenizer(db) != self._parts.tokenizer:
+            elif self._tokenizer(db) != self._partitions.tokenizer:
                 log.info("index %s was made with another tokenizer; rebuilding it", self.path)
                 self._create(db, force=True)
             db.execute("SELECT count(*) FROM files").fetchone()
@@ -131,13 +154,13 @@ class MessageIndex:
                     if statement.strip():
                         db.execute(statement)
                 db.execute("INSERT INTO meta (key, value) VALUES ('tokenizer', ?)",
-                           (self._parts.tokenizer,))
+                           (self._partitions.tokenizer,))
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        self._parts.forget_cache()
+        self._partitions.forget_cache()
 
     def _remove_files(self) -> None:
         for suffix in ("", "-wal", "-shm"):
@@ -149,7 +172,11 @@ class MessageIndex:
         self._common.clear()
 
     def close(self) -> None:
-        self._db.close()
+        """Close the connection (if it was ever opened); the index is unusable after."""
+        with self._opening:
+            self._closed = True
+            if self._connection is not None:
+                self._connection.close()
 
     # -- writing -----------------------------------------------------------
 

@@ -14,9 +14,12 @@ How a file runs:
   name the real file and line.
 - `defskill` is handed to every `hy.eval` as an extra macro, so skill files
   need no `(require ...)` of their own (an explicit one works too).
-- Files are compiled from their source text on every load: no bytecode is
-  read or written, so an edited file (or an edited macro in a helper it
-  requires) always takes effect on the next load.
+- Hy's bytecode cache is never used: a file is compiled from its source
+  text, or, when the loader has a `CompileCache` (a registry given a cache
+  directory), its compiled forms come from that cache, keyed by the text, the
+  DSL macros and every macro file the compilation used (see
+  `opencortex.skills.compile_cache`), so an edited file (or an edited macro in
+  a helper it requires) always takes effect on the next load.
 
 While a registry loads, `HelperFinder` lets skill code `require` or `import`
 helper files (e.g. `_macros.hy`) that sit in the skill directories.
@@ -42,8 +45,10 @@ import hy
 import hy.importer
 from hy.errors import HyLanguageError
 
-from opencortex.skills.dsl import SKILL_MACROS
+from opencortex.skills.compile_cache import (
+    CompiledForm, CompileCache, Recording, compile_form, macro_files, run_form)
 from opencortex.skills.skill import DefskillError, Skill
+from opencortex.tools.define import DeftoolError
 
 SKILL_MODULE_PREFIX = "opencortex_skill_"
 """Skill files load as modules named `opencortex_skill_<stem>_<n>`."""
@@ -117,7 +122,11 @@ def code_blocks(path: Path, text: str) -> list[CodeBlock]:
 
 
 class SkillLoader(hy.importer.HyLoader):
-    """Runs a skill or helper file from its source text, form by form."""
+    """Runs a skill or helper file from its source text, form by form (or from CACHE)."""
+
+    def __init__(self, fullname: str, path: str, cache: CompileCache | None = None):
+        super().__init__(fullname, path)
+        self.cache = cache
 
     def exec_module(self, module: ModuleType) -> None:
         """Evaluate the file's Hy code into MODULE; raise SkillError on failure."""
@@ -130,16 +139,46 @@ class SkillLoader(hy.importer.HyLoader):
         except OSError as err:
             raise SkillError(path, None, f"cannot read the file: {err.strerror}") from None
         module.hy = hy           # as in any Hy module; hy.eval keeps it when present
-        run_code(module, path, text, code_blocks(path, text))
+        run_file(module, path, text, self.cache)
 
     def get_code(self, fullname):
         """Skill files never have bytecode; `exec_module` works from source."""
         return None
 
 
-def run_code(module: ModuleType, path: Path, text: str,
-             blocks: Sequence[CodeBlock]) -> None:
-    """Read BLOCKS with one shared reader and evaluate each form into MODULE."""
+def run_file(module: ModuleType, path: Path, text: str, cache: CompileCache | None) -> None:
+    """Run PATH (holding TEXT) into MODULE: from CACHE on a hit, else compiled form by
+    form, and then stored in CACHE when it loaded and may be cached."""
+    cached = cache.load(path, text) if cache is not None else None
+    if cached is not None:
+        run_cached(module, path, cached)
+        return
+    recording = Recording() if cache is not None else None
+    run_code(module, path, text, code_blocks(path, text), recording)
+    if cache is not None and recording.cacheable:
+        cache.store(path, text, recording.forms,
+                    macro_files(sys.modules, path, SKILL_MODULE_PREFIX))
+
+
+def run_cached(module: ModuleType, path: Path, forms: Sequence[CompiledForm]) -> None:
+    """Run the cached compiled FORMS of PATH into MODULE, in order."""
+    line = None
+    try:
+        for form in forms:
+            line = form.line
+            run_form(module, form)
+    except (Exception, SystemExit) as err:
+        error = skill_error(err, path, line)
+        if error is err:
+            raise
+        raise error from err
+
+
+def run_code(module: ModuleType, path: Path, text: str, blocks: Sequence[CodeBlock],
+             recording: Recording | None = None) -> None:
+    """Read BLOCKS with one shared reader and evaluate each form into MODULE (as
+    `hy.eval` would), adding the compiled forms to RECORDING when given."""
+    from opencortex.skills.dsl import SKILL_MACROS   # compiling dsl.hy costs ~70 ms: not on a hit
     reader = hy.HyReader()
     form = None
     try:
@@ -149,7 +188,7 @@ def run_code(module: ModuleType, path: Path, text: str,
             try:
                 for form in hy.read_many(padded, filename=str(path), reader=reader):
                     form.filename, form.source = str(path), text
-                    hy.eval(form, globals=module.__dict__, module=module, macros=SKILL_MACROS)
+                    run_form(module, compile_form(form, module, SKILL_MACROS, recording))
                     done = (form.end_line, form.end_column)
             except hy.PrematureEndOfInput as err:
                 if err.filename != str(path):
@@ -185,7 +224,7 @@ def skill_error(err: BaseException, path: Path, fallback_line: int | None) -> Sk
     if isinstance(err, HyLanguageError):
         line = err.lineno if err.filename == str(path) else fallback_line
         return SkillError(path, line, _hy_message(err))
-    if isinstance(err, DefskillError):
+    if isinstance(err, (DefskillError, DeftoolError)):
         return SkillError(path, err.line or fallback_line, str(err))
     line = None
     for frame, lineno in traceback.walk_tb(err.__traceback__):
@@ -213,9 +252,10 @@ def _helper_error(err: BaseException) -> SkillError | None:
     return None
 
 
-def load_module(path: Path, name: str) -> ModuleType:
-    """Load the skill file PATH as a fresh module NAME (kept in sys.modules)."""
-    loader = SkillLoader(name, str(path))
+def load_module(path: Path, name: str, cache: CompileCache | None = None) -> ModuleType:
+    """Load the skill file PATH as a fresh module NAME (kept in sys.modules), through
+    CACHE when given."""
+    loader = SkillLoader(name, str(path), cache)
     spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     spec.cached = None
     module = importlib.util.module_from_spec(spec)
@@ -244,8 +284,9 @@ class HelperFinder(importlib.abc.MetaPathFinder):
     installed module.  Place this finder first on `sys.meta_path`.
     """
 
-    def __init__(self, directories: Sequence[Path]):
+    def __init__(self, directories: Sequence[Path], cache: CompileCache | None = None):
         self.directories = list(directories)
+        self.cache = cache
 
     def find_spec(self, fullname, path=None, target=None):
         """A spec for helper FULLNAME if a skill directory has it."""
@@ -254,7 +295,7 @@ class HelperFinder(importlib.abc.MetaPathFinder):
         files = helper_files(self.directories, fullname)
         if not files or (not fullname.startswith("_") and self._found_elsewhere(fullname)):
             return None
-        loader = SkillLoader(fullname, str(files[0]))
+        loader = SkillLoader(fullname, str(files[0]), self.cache)
         spec = importlib.util.spec_from_file_location(fullname, files[0], loader=loader)
         spec.cached = None
         return spec

@@ -1,0 +1,98 @@
+"""Start-up: `opencortex serve` prints its port before it builds the kernel (early
+calls wait), and the message index opens only when first used.
+
+A skill that blocks its own loading until the test opens a gate shows the order:
+the port line and the connection file come first; a client that connects and
+calls at once is answered once the kernel is built, and never refused.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+from epc.client import EPCClient
+
+from opencortex.memory.index import MessageIndex
+from opencortex.serve import default_connection_file
+
+from conftest import cli_env
+
+GATED = """\
+(import os time)
+(setv gate (os.environ.get "OC_TEST_GATE"))
+(for [_ (range 1200)]
+  (when (os.path.exists (os.path.join gate "open")) (break))
+  (time.sleep 0.05))
+(with [f (open (os.path.join gate "loaded") "w")] (.write f "yes"))
+(defskill gated :trigger (fn [ctx] False))
+"""
+
+
+def early_calls(port: int, secret: str, answers: dict) -> None:
+    """Authenticate and ask for a status as soon as the port is known; keep the answers."""
+    client = EPCClient(("127.0.0.1", port))
+    try:
+        answers["authenticate"] = client.call_sync("authenticate", [secret], timeout=120)
+        answers["status"] = client.call_sync("status", ["early"], timeout=120)
+    except Exception as error:                    # the assertions below say what failed
+        answers["error"] = repr(error)
+    finally:
+        client.close()
+
+
+def test_port_line_comes_before_the_build_and_early_calls_wait(home, tmp_path):
+    skills, gate, runtime = tmp_path / "skills", tmp_path / "gate", tmp_path / "run"
+    skills.mkdir()
+    gate.mkdir()
+    (skills / "gated.hy").write_text(GATED, encoding="utf-8")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "opencortex", "serve", "--home", str(home), "--backend", "echo"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(home, XDG_RUNTIME_DIR=str(runtime), OPENCORTEX_SKILL_DIRS=str(skills),
+                    OC_TEST_GATE=str(gate)))
+    try:
+        line = process.stdout.readline()
+        assert line.strip().isdigit(), (line, process.stderr.read())
+        assert not (gate / "loaded").exists()          # the skills load after the port line
+        written = default_connection_file(home, runtime / "opencortex")
+        secret = json.loads(written.read_text())["secret"]
+        answers: dict = {}
+        caller = threading.Thread(target=early_calls, args=(int(line), secret, answers))
+        caller.start()
+        (gate / "open").touch()
+        caller.join(timeout=180)
+        assert answers.get("authenticate") is True, answers
+        assert "echo" in answers["status"]                 # a plist: (... :backend "echo" ...)
+        assert (gate / "loaded").exists()
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0
+        process.stdout.close()
+        process.stderr.close()
+    assert not written.exists()
+    cached = list((home / "cache" / "skills").iterdir())
+    assert cached and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in cached)
+
+
+def test_the_index_opens_on_first_use(tmp_path):
+    index = MessageIndex(tmp_path / "index.sqlite")
+    assert not (tmp_path / "index.sqlite").exists()
+    assert index.search("anything", None, 5) == [] and (tmp_path / "index.sqlite").exists()
+    assert index.count() == 0
+    index.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        index.count()
+
+
+def test_an_index_closed_unopened_stays_closed(tmp_path):
+    index = MessageIndex(tmp_path / "index.sqlite")
+    index.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        index.file_sizes()
+    assert not (tmp_path / "index.sqlite").exists()
