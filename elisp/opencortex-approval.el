@@ -16,6 +16,9 @@
 ;; The block is built from the kernel's facts only: the title, what will
 ;; run (or be sent) in an escaped example block, the directory, the names
 ;; of the environment variables, the skill that asked, the conversation.
+;; A tool call shows the tool's name, its arguments and what it would
+;; change (a diff the tool made), each of the last two in an escaped
+;; example block of its own.
 ;; The model's own words about its request come last, as one quoted line
 ;; of at most `opencortex-approval-note-limit' characters in
 ;; `opencortex-model-note-face', marked unverified, with no org links: a
@@ -79,6 +82,8 @@ block or start a heading."
             ((or (opencortex--approval-string details :command)
                  (opencortex--approval-strings details :argv))
              "Run a command")
+            ((opencortex--approval-string details :tool)
+             (concat "Use the tool " (opencortex--approval-string details :tool)))
             (t "An action"))))
 
 (defun opencortex--approval-note (details)
@@ -91,6 +96,15 @@ block or start a heading."
 Nothing when VALUE is nil."
   (if value (format "- %s :: %s\n" label (opencortex--inert-line value)) ""))
 
+(defun opencortex--approval-block (label text)
+  "The line LABEL ::, then TEXT in an escaped example block; nothing for nil TEXT.
+See `opencortex--org-example' for the escaping."
+  (if text
+      (concat (format "- %s ::\n#+begin_example\n" label)
+              (opencortex--org-example text)
+              "#+end_example\n")
+    ""))
+
 (defun opencortex--quote-argument (argument)
   "ARGUMENT as a Lisp string literal, newlines and controls escaped."
   (let ((print-escape-newlines t)
@@ -101,8 +115,10 @@ Nothing when VALUE is nil."
   "Org text describing the approval request DETAILS (a plist).
 It is built from the kernel's facts: the :title; the :command (or the
 :argv joined), the :text to post or the printed :action in an escaped
-example block; then :target, :argv, :cwd, :env (names), :skill and
-:thread, each one inert line.  Last comes the model's note (see
+example block; for a tool call the :tool's name, then its :arguments
+and its :preview (what it would change) each in an escaped example
+block; then :target, :argv, :cwd, :env (names), :skill and :thread,
+each one inert line.  Last comes the model's note (see
 `opencortex--approval-note') as one quoted, capped, inert line in
 `opencortex-model-note-face'."
   (let* ((argv (opencortex--approval-strings details :argv))
@@ -117,7 +133,10 @@ example block; then :target, :argv, :cwd, :env (names), :skill and
      (format "* Approval needed: %s\n"
              (opencortex--inert-line (opencortex--approval-title details) 120))
      (if shown (concat "#+begin_example\n" (opencortex--org-example shown) "#+end_example\n") "")
-     (if (and class (not (member class '("shell" "cross-post"))))
+     (opencortex--approval-field "tool" (opencortex--approval-string details :tool))
+     (opencortex--approval-block "arguments" (opencortex--approval-string details :arguments))
+     (opencortex--approval-block "changes" (opencortex--approval-string details :preview))
+     (if (and class (not (member class '("shell" "cross-post" "tool"))))
          (opencortex--approval-field "action" class)
        "")
      (opencortex--approval-field "post to" (opencortex--approval-string details :target))
@@ -144,12 +163,14 @@ example block; then :target, :argv, :cwd, :env (names), :skill and
 
 (defun opencortex--handle-ask-approval (approval-id details)
   "Method `opencortex-ask-approval': show APPROVAL-ID, described by DETAILS.
-DETAILS is a plist: :title, :action-class (\"shell\", \"cross-post\" or a
-tool's name), :command and :argv (what will run), :cwd, :env (names of
-the environment variables passed), :skill (which skill asked), :thread
-\(the conversation asking), :target and :text (where a post goes and what
-it says), :action (any other action, printed), :model-note (the model's
-words; the older :reason counts as the same) and :timeout (seconds).
+DETAILS is a plist: :title, :action-class (\"shell\", \"cross-post\",
+\"tool\" or a target), :command and :argv (what will run), :cwd, :env
+\(names of the environment variables passed), :skill (which skill
+asked), :thread (the conversation asking), :target and :text (where a
+post goes and what it says), :tool, :arguments and :preview (a tool
+call: the tool's name, its printed arguments, what it would change),
+:action (any other action, printed), :model-note (the model's words;
+the older :reason counts as the same) and :timeout (seconds).
 See `opencortex--approval-text'."
   (let* ((id (if (stringp approval-id) approval-id (format "%s" approval-id)))
          (timeout (let ((given (plist-get details :timeout)))

@@ -46,8 +46,11 @@
 ;; Files: opencortex-connection.el (the kernel process and the EPC
 ;; connection), opencortex-chat.el (the buffer, output, header line),
 ;; opencortex-stream.el (turns and streamed replies), opencortex-approval.el
-;; (approving what the kernel wants to run).  This file holds the commands,
-;; connection files, and `opencortex-wait-idle' for tests and scripts.
+;; (approving what the kernel wants to run), opencortex-tools.el and
+;; opencortex-tools-org.el (what the kernel's Emacs tools do in Emacs: read
+;; and edit buffers; file notes, list the agenda, show files).  This file
+;; holds the commands, connection files, and `opencortex-wait-idle' for
+;; tests and scripts.
 
 ;;; Code:
 
@@ -60,6 +63,8 @@
   :prefix "opencortex-")
 
 (require 'opencortex-connection)
+(require 'opencortex-tools)
+(require 'opencortex-tools-org)
 
 (defcustom opencortex-connection-file nil
   "Connection file of a kernel started on its own, read by `opencortex-connect'.

@@ -241,13 +241,16 @@ def test_fork_rewind_and_switch_branch_from_emacs(tmp_path, home):
 
 
 def test_approvals_only_the_approved_command_runs(tmp_path, home):
+    """Each command is a step of its turn: asked about in Emacs, run only on yes; the
+    person sees one line per step, the model its result, then the model answers."""
     work = tmp_path / "work"
     work.mkdir()
     (home / "config.toml").write_text(
         f'[shell]\ncwd = "{work}"\n[emacs]\napproval_timeout = 2\n')
-    replies = script(tmp_path / "replies.jsonl", *[
-        {"text": f'(:type :REQUEST :target :shell :cmd ("touch" "{name}") :reason "test {name}")'}
-        for name in ("yes-file", "no-file", "late-file")])
+    replies = script(tmp_path / "replies.jsonl", *[{"text": text} for name in (
+        "yes-file", "no-file", "late-file") for text in (
+        f'(:type :REQUEST :target :shell :cmd ("touch" "{name}") :reason "test {name}")',
+        f'(:type :RESPONSE :text "* after {name}")')])
     driver = Driver(tmp_path, home, ("--script", str(replies)))
     buffer = driver.run("""
 (defun e2e-approval ()
@@ -260,12 +263,15 @@ def test_approvals_only_the_approved_command_runs(tmp_path, home):
 (unless (opencortex-wait-idle 60) (e2e-fail "timed-out turn did not end"))
 """)
     assert sorted(p.name for p in work.iterdir()) == ["yes-file"]
-    assert "touch yes-file" in buffer and "#+begin_example" in buffer
-    assert "Not run (denied): touch no-file" in buffer
-    assert "Not run (timed-out): touch late-file" in buffer
-    archive = driver.archive()
-    assert "approved: touch yes-file" in archive and "denied: touch no-file" in archive
-    assert "timed-out: touch late-file" in archive
+    assert "⚙ step 1: shell touch yes-file → done" in buffer
+    assert "⚙ step 1: shell touch no-file → not approved" in buffer
+    assert "⚙ step 1: shell touch late-file → not approved" in buffer
+    assert all(f"* after {name}" in buffer for name in ("yes-file", "no-file", "late-file"))
+    archive = driver.archive()          # each step's result, as the model was told it
+    assert "Shell: touch yes-file (exit 0)" in archive
+    assert archive.count(":STEP_OUTCOME: done") == 2             # the call and its result
+    assert archive.count(":STEP_OUTCOME: not approved") == 4
+    assert "denied by the owner" in archive and "the owner did not answer in time" in archive
 
 
 def test_a_rejected_reply_shows_a_system_error_in_the_buffer(tmp_path, home):

@@ -241,18 +241,31 @@ def test_a_large_reply_is_split_under_the_cap(start, home):
     assert len(pieces) >= 2
 
 
+def archived(path: Path, last: str, timeout: float = 10) -> str:
+    """PATH's text once it holds LAST (a turn is archived just after it is shown)."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while last not in text and time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        time.sleep(0.01)
+    return text
+
+
 def write_script(path: Path, *replies: str) -> Path:
     path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
     return path
 
 
 def test_approvals_approved_denied_and_timed_out(start, home, tmp_path):
+    """A command is a step of the tool loop: asked about in Emacs, run on yes, and its
+    result (or the denial) goes back to the model, which then answers."""
     work = tmp_path / "work"
     work.mkdir()
     (home / "config.toml").write_text(
         f'[shell]\ncwd = "{work}"\n[emacs]\napproval_timeout = 1.5\n')
-    replies = [f'(:type :REQUEST :target :shell :cmd ("touch" "{name}") :reason "demo")'
-               for name in ("approved", "denied", "timedout")]
+    replies = [reply for name in ("approved", "denied", "timedout") for reply in (
+        f'(:type :REQUEST :target :shell :cmd ("touch" "{name}") :reason "demo")',
+        f'(:type :RESPONSE :text "* after {name}")')]
     script = write_script(tmp_path / "r.jsonl", *replies)
     kernel, emacs = start("--script", str(script), ANTHROPIC_API_KEY="sk-test-never-shown")
     emacs.call("send-message", "main", "one")
@@ -263,34 +276,36 @@ def test_approvals_approved_denied_and_timed_out(start, home, tmp_path):
     assert shown["title"] == "Run a command" and shown["action-class"] == "shell"
     assert shown["skill"] == "chat" and "PATH" in shown["env"]
     assert emacs.call("answer-approval", approval_id, "yes") is True
-    output = wait_finals(emacs, 1)[0]
-    assert "#+begin_example" in output and "exit 0" in output
+    assert [text.rstrip("\n") for text in wait_finals(emacs, 2)[:2]] == [
+        "⚙ step 1: shell touch approved → done", "* after approved"]
     emacs.call("send-message", "main", "two")
     approval_id = emacs.wait_for("opencortex-ask-approval", 2)[1][0]
     assert emacs.call("answer-approval", approval_id, "no") is True
-    wait_finals(emacs, 2)
+    assert wait_finals(emacs, 4)[2].startswith("⚙ step 1: shell touch denied → not approved")
     emacs.call("send-message", "main", "three")
     emacs.wait_for("opencortex-ask-approval", 3)
-    assert len(wait_finals(emacs, 3)) == 3
+    assert wait_finals(emacs, 6)[4].startswith("⚙ step 1: shell touch timedout → not approved")
     assert sorted(p.name for p in work.iterdir()) == ["approved"]
     assert emacs.call("answer-approval", approval_id, "yes") in (False, [])
-    archive = (home / "memory" / "emacs" / "main.org").read_text()
-    assert "approved: touch approved" in archive
-    assert "denied: touch denied" in archive
-    assert "timed-out: touch timedout" in archive
+    archive = archived(home / "memory" / "emacs" / "main.org", "after timedout")
+    assert "exit 0" in archive                          # the command's result, archived
+    assert "denied by the owner" in archive
+    assert "the owner did not answer in time" in archive
 
 
 def test_approved_command_runs_without_secrets_in_its_environment(start, home, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (home / "config.toml").write_text(f'[shell]\ncwd = "{work}"\n')
-    script = write_script(tmp_path / "r.jsonl", '(:type :REQUEST :target :shell :cmd "env")')
+    script = write_script(tmp_path / "r.jsonl", '(:type :REQUEST :target :shell :cmd "env")',
+                          '(:type :RESPONSE :text "* ran")')
     kernel, emacs = start("--script", str(script), ANTHROPIC_API_KEY="sk-test-never-shown",
                           MY_SECRET_TOKEN="hidden")
     emacs.call("send-message", "main", "show env")
     approval_id = emacs.wait_for("opencortex-ask-approval")[0][0]
     emacs.call("answer-approval", approval_id, "yes")
-    output = wait_finals(emacs, 1)[0]
+    wait_finals(emacs, 2)
+    output = archived(home / "memory" / "emacs" / "main.org", "* ran")   # the step's result
     assert "PATH=" in output
     assert "sk-test-never-shown" not in output and "hidden" not in output
     assert "OPENCORTEX_SECRET" not in output

@@ -185,7 +185,8 @@ def test_a_turn_skills_version_and_doctor_run_from_the_installed_program(venv):
 
     doctor = run(program, "doctor", "--home", home, cwd=home.parent, env=env).stdout
     bundled = Path(installed_package(venv)["file"]).parent / "bundled"
-    assert f"ok  bundled skills: {bundled / 'skills'} (chat.org)" in doctor, doctor
+    shipped = sorted(f.name for f in (REPO / "skills").iterdir() if f.suffix == ".org")
+    assert f"ok  bundled skills: {bundled / 'skills'} ({', '.join(shipped)})" in doctor, doctor
     assert f"ok  bundled persona: {bundled / 'org' / 'identity.org'}" in doctor, doctor
     assert f"ok  emacs package: {bundled / 'elisp'}" in doctor, doctor
 

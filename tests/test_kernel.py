@@ -135,15 +135,19 @@ def test_unreadable_reply_gives_a_read_error_the_person_can_act_on(config, tmp_p
 
 
 def test_shell_needs_approval_and_is_not_run(config, tmp_path):
+    """A channel that cannot ask denies the command; the model hears so and answers."""
     reply = '(:type :REQUEST :target :shell :cmd ("touch" "/tmp/never") :reason "demo")'
-    kernel, printed = make(config, script(tmp_path, reply))
+    kernel, printed = make(config, script(tmp_path, reply,
+                                          '(:type :REQUEST :target :cli :text "could not")'))
     result = run(kernel.handle(chat_message("make a file")))
-    assert result.status == "needs-approval"
-    assert printed[0].startswith("Approval needed: Run a command")
-    assert "cannot approve" in printed[0]
+    assert result.status == "done" and result.text == "could not"
+    assert printed[0].startswith("⚙ step 1: shell touch /tmp/never → denied")
     assert not Path("/tmp/never").exists()
+    step = result.steps[0]
+    assert "cannot ask the owner" in step.result
     records = kernel.archive.read_thread(CLI)
-    assert records[1].turn_type == "yield"
+    assert [r.turn_type for r in records] == ["speech", "action", "action", "speech"]
+    assert records[1].extra["STEP"] == "1" and records[1].extra["STEP_OUTCOME"] == "denied"
 
 
 def test_failing_llm_tells_the_person_and_archives_nothing(config):
@@ -197,12 +201,17 @@ def test_reply_to_a_channel_without_actuator_is_reported_and_kept(config):
 
 
 def test_tool_call_runs_a_registered_tool(config, tmp_path):
+    """The tool's result goes back to the model, which then answers the person."""
     reply = '(:type :REQUEST :target :tool :action :call :tool "clock")'
-    kernel, printed = make(config, script(tmp_path, reply))
+    kernel, printed = make(config, script(tmp_path, reply,
+                                          '(:type :REQUEST :target :cli :text "noon")'))
     result = run(kernel.handle(chat_message("what time is it")))
     assert result.status == "done", result.errors
-    assert printed[0].startswith("Tool clock: 20")
-    assert kernel.archive.read_thread(CLI)[1].turn_type == "action"
+    assert printed == ["⚙ step 1: tool clock → done", "noon"]
+    assert result.steps[0].result.startswith("20")
+    records = kernel.archive.read_thread(CLI)
+    assert [r.turn_type for r in records] == ["speech", "action", "action", "speech"]
+    assert records[2].text.startswith("20") and records[3].text == "noon"
 
 
 def test_response_goes_back_to_the_originating_channel_and_log_is_a_thought(config, tmp_path):

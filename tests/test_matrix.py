@@ -26,6 +26,7 @@ from opencortex.bridges.matrix_state import MatrixState
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.runner import check_bridge
 from opencortex.bridges.settings import MatrixSettings
+from opencortex.events import Thread
 
 from bridge_helpers import running_bridge, script, until
 from matrix_person import Person
@@ -195,6 +196,7 @@ def test_a_strangers_invite_is_declined_and_their_words_never_reach_the_kernel(
 # -- approvals, limits, keys ---------------------------------------------------------
 
 SHELL = '(:type :REQUEST :target :shell :cmd ("echo" "approved-run"))'
+AFTER = '(:type :RESPONSE :text "after the command")'   # the model's answer after the step
 
 
 def test_an_approval_by_reaction_runs_the_action(homeserver, home, tmp_path):
@@ -202,8 +204,9 @@ def test_an_approval_by_reaction_runs_the_action(homeserver, home, tmp_path):
 
     async def scenario():
         async with people(homeserver, tmp_path, owner) as (person,), \
-                bridge(home, homeserver, bot, [owner.user_id], backend=script(tmp_path, SHELL),
-                       owners={"matrix:*": "developer"}):
+                bridge(home, homeserver, bot, [owner.user_id],
+                       backend=script(tmp_path, SHELL, AFTER),
+                       owners={"matrix:*": "developer"}) as (_, kernel):
             room = await person.create_room([bot.user_id], encrypted=True)
             await joined(person, room, bot.user_id)
             await person.say(room, "run it")
@@ -213,10 +216,14 @@ def test_an_approval_by_reaction_runs_the_action(homeserver, home, tmp_path):
             await person.until(lambda: len(reactions(person, asked[0].event_id)) == 2)
             await person.react(room, asked[0].event_id, "👍")   # not an answer: ignored
             await person.react(room, asked[0].event_id, "✅")
-            await person.until(lambda: any("Shell: echo approved-run" in body for body in
-                                           person.bodies(room, bot.user_id)))
+            await person.until(lambda: "after the command" in person.bodies(room, bot.user_id))
+            said = person.bodies(room, bot.user_id)
+            assert "⚙ step 1: shell echo approved-run → done" in said
             await person.until(lambda: edits(person, asked[0].event_id))
             assert "Approval approved." in edits(person, asked[0].event_id)[0]
+            [result] = [r for r in kernel.archive.read_thread(Thread("matrix", room))
+                        if r.role == "system" and r.extra.get("STEP") == "1"]
+            assert "(exit 0)" in result.text and "approved-run" in result.text   # it ran
     run(scenario())
 
 

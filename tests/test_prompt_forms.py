@@ -28,8 +28,9 @@ PLACEHOLDERS = {"<Response>": "Hello there", "<Heading>": "Greeting",
 GENERIC_ARGS = "(:<arg> <value> ...)"  # the tool-call template's argument list
 
 TOOLS = default_tools()
-SKILLS = SkillRegistry([REPO / "skills"])
+SKILLS = SkillRegistry([REPO / "skills"], TOOLS)   # the bundled deftools join TOOLS
 SKILLS.load()
+assert not SKILLS.errors, SKILLS.errors
 
 
 def shown_forms(prompt: str) -> list[str]:
@@ -83,7 +84,8 @@ def filled(form: str) -> list[str]:
 
 def _fill(form: str) -> str:
     """FORM with every <placeholder> (optional ones too) replaced by a value."""
-    form = re.sub(r"<([a-z-]+), optional>", r"<\1>", form)
+    form = re.sub(r"<([^<>]+), optional>", r"<\1>", form)
+    form = re.sub(r'<one of ("[^"]*")[^<>]*>', r"\1", form)   # a choice: its first value
     for placeholder, value in PLACEHOLDERS.items():
         form = form.replace(placeholder, value)
     assert "<" not in form.replace("<=", ""), f"unfilled placeholder in {form}"

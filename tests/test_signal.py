@@ -15,6 +15,7 @@ from opencortex.bridges import service
 from opencortex.bridges.settings import SignalSettings
 from opencortex.bridges.signal import SignalPlatform
 from opencortex.config import load_config
+from opencortex.events import Thread
 from opencortex.llm import EchoBackend
 from opencortex.runtime import build_kernel
 
@@ -22,6 +23,15 @@ from bridge_helpers import run, running_bridge, script, until
 from signal_fake import FRIEND, GROUP, OTHER_GROUP, OWNER, STRANGER, FakeSignalCli, rate_limited
 
 SHELL = '(:type :REQUEST :target :shell :cmd ("echo" "approved-run"))'
+AFTER = '(:type :RESPONSE :text "after the command")'   # the model's answer after the step
+STEP = "⚙ step 1: shell echo approved-run → "
+
+
+def step_result(kernel, chat: str) -> str:
+    """What the command of CHAT's turn gave the model, as archived."""
+    [result] = [r for r in kernel.archive.read_thread(Thread("signal", chat))
+                if r.role == "system" and r.extra.get("STEP") == "1"]
+    return result.text
 
 
 @asynccontextmanager
@@ -147,38 +157,42 @@ async def shown_approval(fake, chat):
 def test_an_approval_approved_by_a_reaction_runs(home, tmp_path):
     async def scenario():
         owners = {f"signal:{OWNER.uuid}": "developer"}
-        async with bridge(home, script(tmp_path, SHELL), owners=owners) as (fake, _, _):
+        async with bridge(home, script(tmp_path, SHELL, AFTER),
+                          owners=owners) as (fake, _, kernel):
             fake.message(OWNER, "run it")
             asked = await shown_approval(fake, OWNER.uuid)
             assert "echo approved-run" in asked.text
             fake.react(OWNER, asked, "\U0001F44D\U0001F3FD")      # 👍🏽
-            await until(lambda: any("Shell: echo approved-run" in t
-                                    for t in texts(fake, OWNER.uuid)), 20)
+            await until(lambda: "after the command" in texts(fake, OWNER.uuid), 20)
             assert "Approved." in texts(fake, OWNER.uuid)
+            assert STEP + "done" in texts(fake, OWNER.uuid)
             await until(lambda: asked.edits)
             assert "approved" in asked.edits[0]
+            assert "Shell: echo approved-run (exit 0)" in step_result(kernel, OWNER.uuid)
     run(scenario())
 
 
 def test_an_approval_denied_by_a_reply_to_it(home, tmp_path):
     async def scenario():
         owners = {f"signal:{OWNER.uuid}": "developer"}
-        async with bridge(home, script(tmp_path, SHELL), owners=owners) as (fake, _, _):
+        async with bridge(home, script(tmp_path, SHELL, AFTER),
+                          owners=owners) as (fake, _, kernel):
             fake.message(OWNER, "run it")
             asked = await shown_approval(fake, OWNER.uuid)
             fake.message(OWNER, "Deny", quote=asked)
             await until(lambda: asked.edits, 20)
-            await asyncio.sleep(0.3)
+            await until(lambda: "after the command" in texts(fake, OWNER.uuid), 20)
             assert "denied" in asked.edits[0] and "Denied." in texts(fake, OWNER.uuid)
-            assert not any("Shell: echo" in t for t in texts(fake, OWNER.uuid))
+            assert STEP + "not approved" in texts(fake, OWNER.uuid)
+            assert step_result(kernel, OWNER.uuid) == "denied by the owner"
     run(scenario())
 
 
 def test_in_a_group_only_the_asker_decides_by_reaction(home, tmp_path):
     async def scenario():
         owners = {f"signal:{GROUP}": "developer"}
-        async with bridge(home, script(tmp_path, SHELL), owners=owners,
-                          groups=[GROUP]) as (fake, _, _):
+        async with bridge(home, script(tmp_path, SHELL, AFTER), owners=owners,
+                          groups=[GROUP]) as (fake, _, kernel):
             fake.message(OWNER, "run it", group=GROUP, mention_bot=True)
             asked = await shown_approval(fake, GROUP)
             fake.react(FRIEND, asked, "\u2705")
@@ -186,8 +200,10 @@ def test_in_a_group_only_the_asker_decides_by_reaction(home, tmp_path):
             fake.react(OWNER, asked, "\u2764\ufe0f")              # ❤️ decides nothing
             fake.react(OWNER, asked, "\u274C")
             await until(lambda: asked.edits, 20)
+            await until(lambda: "after the command" in texts(fake, GROUP), 20)
             assert "denied" in asked.edits[0] and "Denied." in texts(fake, GROUP)
-            assert not any("Shell: echo" in t for t in texts(fake, GROUP))
+            assert STEP + "not approved" in texts(fake, GROUP)
+            assert step_result(kernel, GROUP) == "denied by the owner"
     run(scenario())
 
 

@@ -151,6 +151,14 @@ def test_flood_control_answers_the_excess_once(home):
 
 
 SHELL = '(:type :REQUEST :target :shell :cmd ("echo" "approved-run"))'
+AFTER = '(:type :RESPONSE :text "after the command")'   # the model's answer after the step
+STEP = "⚙ step 1: shell echo approved-run → "
+
+
+def archived(home: Path) -> str:
+    """The owner's chat as archived: the turn with its step and the step's result."""
+    path = home / "memory" / "telegram" / f"{OWNER}.org"
+    return path.read_text(encoding="utf-8") if path.exists() else ""
 
 
 def buttons(sent) -> list[str]:
@@ -161,7 +169,7 @@ def buttons(sent) -> list[str]:
 
 async def approval_scenario(home, tmp_path, clicks):
     owners = {f"telegram:{OWNER}": "developer"}
-    async with bridge(home, script(tmp_path, SHELL), owners=owners) as (fake, _, _):
+    async with bridge(home, script(tmp_path, SHELL, AFTER), owners=owners) as (fake, _, _):
         fake.send(OWNER, "run it")
         await until(lambda: any(s.reply_markup for s in fake.sent))
         asked = next(s for s in fake.sent if s.reply_markup)
@@ -171,7 +179,7 @@ async def approval_scenario(home, tmp_path, clicks):
             fake.click(user, asked, approve if which == "approve" else deny)
             await until(lambda: len(fake.answers) >= 1)
         await until(lambda: asked.edits, 20)
-        await asyncio.sleep(0.2)
+        await until(lambda: "after the command" in texts(fake, OWNER))
         return fake, asked
 
 
@@ -180,8 +188,9 @@ def test_an_approval_approved_by_the_owner_runs(home, tmp_path):
         fake, asked = await approval_scenario(home, tmp_path, [(OWNER, "approve")])
         assert fake.answers[0][1] == "Approved."
         assert "approved" in asked.edits[0]
-        assert any("Shell: echo approved-run" in t for t in texts(fake, OWNER))
+        assert STEP + "done" in texts(fake, OWNER)
     run(scenario())
+    assert "Shell: echo approved-run (exit 0)" in archived(home)   # it ran; the model read it
 
 
 def test_a_click_by_someone_else_is_refused_then_the_owner_denies(home, tmp_path):
@@ -190,20 +199,22 @@ def test_a_click_by_someone_else_is_refused_then_the_owner_denies(home, tmp_path
                                               [(FRIEND, "approve"), (OWNER, "deny")])
         assert "Only the person" in fake.answers[0][1]
         assert fake.answers[1][1] == "Denied."
-        assert not any("Shell: echo" in t for t in texts(fake, OWNER))
+        assert STEP + "not approved" in texts(fake, OWNER)
     run(scenario())
+    assert "denied by the owner" in archived(home) and "(exit 0)" not in archived(home)
 
 
 def test_a_guest_cannot_approve_their_own_command(home, tmp_path):
+    """A guest's command needs an owner's yes, which a guest's turn cannot ask for:
+    no approval is offered, nothing runs, and the model is told so."""
     async def scenario():
-        async with bridge(home, script(tmp_path, SHELL)) as (fake, _, _):
+        async with bridge(home, script(tmp_path, SHELL, AFTER)) as (fake, _, _):
             fake.send(OWNER, "run it")
-            await until(lambda: any(s.reply_markup for s in fake.sent))
-            asked = next(s for s in fake.sent if s.reply_markup)
-            fake.click(OWNER, asked, buttons(asked)[0])
-            await until(lambda: fake.answers)
-            assert "Only the person" in fake.answers[0][1]
+            await until(lambda: "after the command" in texts(fake, OWNER))
+            assert not any(s.reply_markup for s in fake.sent)
+            assert STEP + "denied" in texts(fake, OWNER)
     run(scenario())
+    assert "cannot ask the owner" in archived(home) and "(exit 0)" not in archived(home)
 
 
 def test_an_unanswered_approval_expires(home, tmp_path):
@@ -299,17 +310,17 @@ def test_doctor_checks_an_enabled_bridge(home):
 def test_an_approval_answered_by_a_text_reply(home, tmp_path):
     async def scenario():
         owners = {f"telegram:{OWNER}": "developer"}
-        async with bridge(home, script(tmp_path, SHELL), owners=owners) as (fake, _, _):
+        async with bridge(home, script(tmp_path, SHELL, AFTER), owners=owners) as (fake, _, _):
             fake.send(OWNER, "run it")
             await until(lambda: any(s.reply_markup for s in fake.sent))
             asked = next(s for s in fake.sent if s.reply_markup)
             fake.send(OWNER, "Approve")
             await until(lambda: asked.edits, 20)
             assert "approved" in asked.edits[0]
-            await until(lambda: any("Shell: echo approved-run" in t
-                                    for t in texts(fake, OWNER)))
-            assert "Approved." in texts(fake, OWNER)
+            await until(lambda: "after the command" in texts(fake, OWNER))
+            assert "Approved." in texts(fake, OWNER) and STEP + "done" in texts(fake, OWNER)
     run(scenario())
+    assert "Shell: echo approved-run (exit 0)" in archived(home)
 
 
 def test_after_a_crash_a_pending_message_already_archived_is_not_answered_again(home):

@@ -49,7 +49,8 @@ def test_spans_and_metrics_never_carry_message_text_or_replies(config, tmp_path)
     path = tmp_path / "replies.jsonl"
     replies = ["not a plist " + CANARY,                                   # rejected, re-asked
                f'(:type :REQUEST :target :cli :text "{CANARY} reply")',
-               f'(:type :REQUEST :target :shell :cmd ("echo" "{CANARY}") :reason "{CANARY}")']
+               f'(:type :REQUEST :target :shell :cmd ("echo" "{CANARY}") :reason "{CANARY}")',
+               f'(:type :REQUEST :target :cli :text "{CANARY} ran")']          # after the step
     path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
     exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
     tracer = TracerProvider()
@@ -57,8 +58,9 @@ def test_spans_and_metrics_never_carry_message_text_or_replies(config, tmp_path)
 
     async def go():
         kernel = build_kernel(config, backend=ScriptBackend(path), writer=lambda _: None)
-        kernel.telemetry = kernel.actuation.telemetry = OpenTelemetry(
+        telemetry = OpenTelemetry(
             tracer_provider=tracer, meter_provider=MeterProvider(metric_readers=[reader]))
+        kernel.telemetry = kernel.actuation.telemetry = kernel.replies.telemetry = telemetry
         kernel.approvers["cli"] = Yes()
         try:
             first = await kernel.handle(chat_message(f"please say {CANARY}"))
@@ -69,7 +71,9 @@ def test_spans_and_metrics_never_carry_message_text_or_replies(config, tmp_path)
 
     first, second = asyncio.run(asyncio.wait_for(go(), 30))
     assert first.status == "done" and CANARY in (first.text or "")
-    assert second.attempts == 1
+    assert second.status == "done" and second.attempts == 2   # the command, then the answer
+    assert [step.outcome for step in second.steps] == ["done"]
+    assert CANARY in second.steps[0].result            # the command's output reached the model
     spans, metrics = exporter.get_finished_spans(), reader.get_metrics_data()
     recorded = everything_recorded(spans, metrics)
     assert CANARY not in recorded

@@ -221,11 +221,14 @@ def test_turn_failures_map_to_the_wire_error_codes(home):
 
 
 def test_an_approval_carries_kernel_facts_and_the_answer_decides(home):
+    """A command is a step of the turn: asked about with kernel facts; on no, the model
+    is told so and answers; on yes, it runs and its output goes to the model."""
     shell = ('(:type :REQUEST :target :shell :cmd ("echo" "approved-output") '
              ':reason "just \\u001b[31m checking")')
+    after = cli_reply("answered after the step")
 
     async def scenario():
-        async with wire(home, shell, shell) as w:
+        async with wire(home, shell, after, shell, after) as w:
             client = await Client.open(w.url)
             results = []
             for answer, correlation in (("deny", "c1"), ("approve", "c2")):
@@ -239,17 +242,23 @@ def test_an_approval_carries_kernel_facts_and_the_answer_decides(home):
                 results.append((approval, events))
             await client.send("approve", {"approval_id": results[0][0]["approval_id"]})
             stale = await client.next_error()
-            return results, stale
+            return results, stale, w.archive()
 
-    [(denied, denied_events), (approved, approved_events)], stale = run(scenario)
+    [(denied, denied_events), (approved, approved_events)], stale, archive = run(scenario)
     facts = denied["facts"]
     assert facts["argv"] == ["echo", "approved-output"] and facts["action-class"] == "shell"
     assert facts["title"] and facts["cwd"] and "model-note" in facts
     assert "\x1b" not in json.dumps(facts, ensure_ascii=False)
     assert denied["correlation_id"] == "c1" and denied["timeout_seconds"] > 0
-    [message] = of(denied_events, "message")
-    assert message["content"].startswith("Not run (denied)")
-    assert "approved-output" in of(approved_events, "message")[0]["content"]
+    [step, message] = of(denied_events, "message")
+    assert step["content"] == "⚙ step 1: shell echo approved-output → not approved"
+    assert step["notice"] and message["content"] == "answered after the step"
+    [step, message] = of(approved_events, "message")
+    assert step["content"] == "⚙ step 1: shell echo approved-output → done"
+    assert message["content"] == "answered after the step"
+    assert of(approved_events, "done")[0]["status"] == "done"
+    assert archive.count("denied by the owner") == 1          # the step results, archived
+    assert archive.count("(exit 0)") == 1 and "approved-output\n,#+end_example" in archive
     assert stale["code"] == "INVALID_MESSAGE"
 
 
@@ -553,7 +562,7 @@ def test_the_reference_client_chats_answers_approvals_and_rides_out_a_reconnect(
     words = " ".join(f"w{i}" for i in range(300))
     shell = '(:type :REQUEST :target :shell :cmd ("echo" "hi") :reason "\\u001b]0;owned\\u0007")'
     replies = [chunked(cli_reply(words), 6, delay=0.004), shell,
-               cli_reply("evil \u001b[2J end")]
+               cli_reply("so it was not run"), cli_reply("evil \u001b[2J end")]
 
     async def scenario():
         async with wire(home, *replies) as w:
@@ -585,7 +594,8 @@ def test_the_reference_client_chats_answers_approvals_and_rides_out_a_reconnect(
     assert out.count(words) == 1, out
     assert "reconnected" in err
     assert "Approval needed: Run a command" in out and "command: echo hi" in out
-    assert "the model says (unverified)" in out and "Not run (denied)" in out
+    assert "the model says (unverified)" in out
+    assert "⚙ step 1: shell echo hi → not approved" in out and "so it was not run" in out
     assert "\x1b" not in out and "evil ␛[2J end" in out
     assert "turn=3" in out
 

@@ -16,7 +16,7 @@ import logging
 import time
 
 from opencortex.actions import Action, Log, Response, ShellCommand, ToolCall, reply_action
-from opencortex.actuators import ActuatorError, ActuatorRegistry, MessageActuator, Outcome
+from opencortex.actuators import ActuatorError, ActuatorRegistry, MessageActuator
 from opencortex.actuators.base import address_of
 from opencortex.actuators.shell import ShellActuator, argv_of, scrubbed_environment
 from opencortex.approvals import (SHELL, ApprovalDecision, ApprovalRequest, Approver,
@@ -27,6 +27,7 @@ from opencortex.events import Event
 from opencortex.llm.routing import archetype_for
 from opencortex.memory import NewMessage
 from opencortex.pinning import CROSS_POST, destination, is_own
+from opencortex.printer import print_plist
 from opencortex.telemetry import Telemetry
 from opencortex.turn import TurnFailed, TurnResult
 from opencortex.untrusted import model_note
@@ -35,6 +36,8 @@ from opencortex.verification import Verdict
 log = logging.getLogger(__name__)
 
 PLATFORM_ID = "PLATFORM_ID"   # archive property: the platform's id of the person's message
+STEP = "STEP"                 # archive property: the number of a tool-loop step in its turn
+STEP_OUTCOME = "STEP_OUTCOME"  # archive property: done, failed, denied, not approved
 
 
 class Actuation:
@@ -52,7 +55,7 @@ class Actuation:
     async def finish(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
         """End the turn VERDICT decided.  Once the person may see effects, the turn
         completes even if its task is cancelled."""
-        if verdict.status == "rejected":
+        if verdict.status in ("rejected", "denied"):
             result.status = "rejected"
             await self.give_up(event, verdict, result)
             return
@@ -87,19 +90,20 @@ class Actuation:
                                             extra={"DELIVERY": "failed"})
             return
         result.status = "done"
-        await self._record(event, action, outcome, result)
-
-    async def _record(self, event: Event, action: Action, outcome: Outcome,
-                      result: TurnResult) -> None:
-        if isinstance(action, ToolCall):
-            text = f"Tool {action.tool}: {outcome.result}"
-            await self.notify(event, text, result, error=False)
-            result.text = text
-            result.ids = await self.archive(event, result, text, role="system",
-                                            turn_type="action")
-            return
         result.text = outcome.shown if outcome.shown is not None else action.reply_text
         result.ids = await self.archive(event, result, result.text or "")
+
+    async def stopped(self, event: Event, result: TurnResult, why: str) -> None:
+        """End a turn whose tool loop stopped before the model answered (WHY: stopped by
+        the person, a failure, the step limit): the steps done are kept, marked so."""
+        result.status = "aborted" if why.startswith("stopped") else "failed"
+        steps = len(result.steps)
+        message = f"{why} — the {steps} step{'s' if steps != 1 else ''} done are kept."
+        await self.notify(event, message, result, error=result.status == "failed",
+                          heading=False)
+        result.text = message
+        result.ids = await self.archive(event, result, message, role="system",
+                                        turn_type="action", extra={"STATUS": result.status})
 
     async def give_up(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
         result.errors.extend(verdict.errors)
@@ -112,13 +116,20 @@ class Actuation:
 
     # -- approval -------------------------------------------------------------
 
-    def approval_request(self, event: Event, action: Action, skill: str | None) -> ApprovalRequest:
-        """What a person is asked, from kernel facts; TurnFailed if it cannot be described."""
+    def approval_request(self, event: Event, action: Action, skill: str | None, *,
+                         preview: str = "") -> ApprovalRequest:
+        """What a person is asked, from kernel facts (PREVIEW: a tool's own account of
+        what its call would change); TurnFailed if it cannot be described."""
         common = {"thread": event.thread, "timeout": self.config.emacs.approval_timeout,
                   "skill": skill or "", "requested_by": self._decider(event),
                   "digest": action_digest(action.printed())}
+        if isinstance(action, ToolCall):
+            return ApprovalRequest(action_class="tool", title=f"Use the tool {action.tool}",
+                                   tool=action.tool, preview=preview,
+                                   arguments=print_plist(action.args) if action.args else "",
+                                   **common)
         if isinstance(action, ShellCommand):
-            shell = self._shell()
+            shell = self.shell()
             if shell is None:
                 raise TurnFailed("this kernel has no shell actuator, so commands cannot run")
             try:
@@ -178,11 +189,10 @@ class Actuation:
         said = [(f"{decision.how}: {summary}", "yield")]
         if not decision.approved:
             result.status = "needs-approval"
-            verb = "Not run" if request.argv else "Not done"
-            shown = f"{verb} ({decision.how}): {summary}"
+            shown = f"Not done ({decision.how}): {summary}"
             await self.notify(event, shown, result, error=False)
         else:
-            shown = await self._carry_out_approved(event, action, decision, result)
+            shown = await self._carry_out_approved(event, action, result)
             said.append((shown, "action"))
         result.text = shown
         result.ids = await self.archive_many(event, result, [
@@ -190,19 +200,15 @@ class Actuation:
             *[("system", text, kind) for text, kind in said]])
 
     async def _carry_out_approved(self, event: Event, action: Action,
-                                  decision: ApprovalDecision, result: TurnResult) -> str:
-        """Do the approved ACTION; what the person was told."""
+                                  result: TurnResult) -> str:
+        """Do the approved ACTION (a message or another action a skill held for a person;
+        commands and tool calls are steps, `opencortex.steps`); what the person was told."""
         result.status = "done"
         try:
-            if isinstance(action, ShellCommand):
-                shell = self._shell()
-                assert shell is not None  # the request could only be built with one
-                shown = (await shell.run_approved(action, decision)).result or ""
-            else:
-                target = str(action.to_plist().get("target"))
-                outcome = await self.actuators.for_target(target).carry_out(action, event)
-                where = destination(action)
-                shown = f"Done: sent to {where}." if where else f"Done: {outcome.result or ''}"
+            target = str(action.to_plist().get("target"))
+            outcome = await self.actuators.for_target(target).carry_out(action, event)
+            where = destination(action)
+            shown = f"Done: sent to {where}." if where else f"Done: {outcome.result or ''}"
         except ActuatorError as error:
             result.errors.append(str(error))
             shown = f"System Error: {error}"
@@ -210,7 +216,7 @@ class Actuation:
                           heading=False)
         return shown
 
-    def _shell(self) -> ShellActuator | None:
+    def shell(self) -> ShellActuator | None:
         try:
             actuator = self.actuators.for_target("shell")
         except ActuatorError:
@@ -255,9 +261,16 @@ class Actuation:
         messages = [NewMessage(role="user", text=event.text, thread=event.thread,
                                sender=event.sender, timestamp=event.received_at.timestamp(),
                                extra=said)]
+        for step in result.steps:   # the tool loop's steps, each linked to this turn
+            number = {STEP: str(step.number), STEP_OUTCOME: step.outcome}
+            messages += [NewMessage(role="assistant", text=step.call, thread=event.thread,
+                                    turn_type="action", extra=number),
+                         NewMessage(role="system", text=step.result, thread=event.thread,
+                                    turn_type="action", extra=number)]
         messages += [NewMessage(role=role, text=text, thread=event.thread, turn_type=kind)
                      for role, text, kind in replies]
-        records, report = await self.conversations.record_turn(event.thread, messages, metrics)
+        records, report = await self.conversations.record_turn(
+            event.thread, messages, metrics, pin=result.pinned)
         if report is not None:
             await self.notify(event, f"Context compressed ({report.strategy}): {report.notes}",
                               result, error=False, heading=False)
@@ -266,8 +279,6 @@ class Actuation:
 
 def _summary(request: ApprovalRequest) -> str:
     """One line naming what was asked, for the archive and the person."""
-    if request.argv:
-        return f"{request.command} (in {request.cwd})"
     if request.target:
         return f"a message to {request.target}"
     return request.action

@@ -45,7 +45,7 @@ class ApprovalRequest:
     """Exactly what would happen, where, and who asked: kernel facts only."""
 
     thread: Thread
-    action_class: str                 # "shell", "cross-post", or a target such as "emacs"
+    action_class: str                 # "shell", "cross-post", "tool", or a target such as "emacs"
     title: str                        # kernel words: "Run a command", …
     timeout: float
     skill: str = ""
@@ -56,12 +56,15 @@ class ApprovalRequest:
     target: str = ""                  # a message: the conversation it would go to
     text: str = ""                    # a message: what it would say (made visible, capped)
     action: str = ""                  # any other action: its printed plist (made visible)
+    tool: str = ""                    # a tool call: the tool's name
+    arguments: str = ""               # a tool call: its checked arguments, printed (visible)
+    preview: str = ""                 # a tool call: what it would change (a diff), by the tool
     model_note: str = ""              # the model's words, one line, capped, visible
     digest: str = ""                  # action_digest of the exact action
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
-        for name in ("text", "action"):
+        for name in ("text", "action", "arguments", "preview"):
             value = getattr(self, name)
             if len(value) > TEXT_PREVIEW:
                 value = value[:TEXT_PREVIEW] + f"\n[… {len(value) - TEXT_PREVIEW} more characters]"
@@ -81,7 +84,7 @@ class ApprovalRequest:
         if self.argv:
             shown.update({"command": self.command, "argv": [visible(a) for a in self.argv],
                           "cwd": visible(self.cwd), "env": list(self.env)})
-        for key in ("target", "text", "action"):
+        for key in ("target", "text", "action", "tool", "arguments", "preview"):
             if getattr(self, key):
                 shown[key] = getattr(self, key)
         return shown
@@ -98,6 +101,10 @@ class ApprovalRequest:
             lines += ["  text:", *[f"  | {line}" for line in self.text.split("\n")]]
         if self.action:
             lines.append(f"  action:    {self.action}")
+        if self.tool:
+            lines += [f"  tool:      {visible(self.tool)}", f"  arguments: {self.arguments or '()'}"]
+        if self.preview:
+            lines += ["  changes:", *[f"  | {line}" for line in self.preview.split("\n")]]
         lines.append(f"  asked by skill {self.skill or '?'} in {visible(str(self.thread))}")
         if self.model_note:
             lines.append(f"  the model says (unverified): “{self.model_note}”")

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="continue the saved session NAME (see /sessions) before chatting")
     _backend_options(chat)
 
-    skills = sub.add_parser("skills", parents=[common], help="list the loaded skills")
+    skills = sub.add_parser("skills", parents=[common],
+                            help="list the loaded skills and tools")
     skills.add_argument("--json", action="store_true")
     skills.add_argument("--check", action="store_true",
                         help="exit non-zero and name file:line when a skill is broken")
@@ -111,6 +112,23 @@ def build_parser() -> argparse.ArgumentParser:
     forget.add_argument("--thread", required=True, help="the thread (CHANNEL:CHAT-ID)")
     forget.add_argument("--before", help="only messages older than this date (YYYY-MM-DD)")
     forget.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    imports = memory_sub.add_parser(
+        "import", parents=[common], help="bring earlier history in (JSON Lines, Telegram export)",
+        description="Archive earlier messages with their original times; importing the same "
+        "file again adds nothing.  JSON Lines: one {thread, role, sender, timestamp, text} "
+        "object per line (timestamp: ISO 8601, local time when it names no zone, or epoch "
+        "seconds).  A Telegram Desktop chat export (result.json): every message is a user "
+        "message under its sender's id, yours and other people's alike, except those of an "
+        "--assistant.  A line that cannot be read is reported by number and skipped (exit 1).")
+    imports.add_argument("file", type=Path, help="the .jsonl file or the export's result.json")
+    imports.add_argument("--format", choices=["auto", "jsonl", "telegram"], default="auto",
+                         help="the file's format (default: told from its start)")
+    imports.add_argument("--thread", help="Telegram: the thread to import into (default: "
+                         "telegram:CHAT-ID of the export); JSON Lines: for lines naming none")
+    imports.add_argument("--assistant", action="append", default=[], metavar="NAME_OR_ID",
+                         help="Telegram: this sender (name, from_id or number) speaks as the "
+                              "assistant; repeat for several")
+    imports.add_argument("--json", action="store_true")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run as an EPC server for Emacs (prints the port first)")
@@ -148,6 +166,7 @@ async def _chat_once(config: Config, args: argparse.Namespace, thread: Thread) -
     shown: list[str] = []
     kernel = build_kernel(config, writer=shown.append if args.json else None)
     try:
+        await kernel.start()
         if not args.json:
             for warning in _startup_warnings(kernel):
                 print(f"warning: {warning}", file=sys.stderr)
@@ -199,33 +218,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_skills(args: argparse.Namespace) -> int:
-    from opencortex.runtime import load_skills
-    registry = load_skills(load_config(args.home))
-    rows = [{"name": s.name, "priority": s.priority, "description": s.description,
-             "phases": [p for p in ("trigger", "probabilistic", "deterministic")
-                        if getattr(s, p) is not None],
-             "source": f"{s.source}:{s.line}" if s.source else None}
-            for s in registry.skills]
-    errors = [str(e) for e in registry.errors]
-    if args.json:
-        _print_json({"skills": rows, "errors": errors})
-    else:
-        for row in rows:
-            print(f"{row['name']:<20} priority {row['priority']:<4} "
-                  f"{'+'.join(row['phases']):<36} {row['source']}")
-        for error in errors:
-            print(f"BROKEN {error}", file=sys.stderr)
-    return EXIT_FAILED if args.check and errors else EXIT_OK
+    from opencortex.skills_command import run_skills_command
+    return run_skills_command(args)
 
 
 def cmd_read_action(args: argparse.Namespace) -> int:
-    """Judge a reply exactly as a turn would, pinning rule included.  No channel can
-    approve in a dry run, so a reply to another conversation shows as rejected, with
-    the address it must use."""
-    from opencortex.pinning import pin
+    """Judge a reply exactly as a turn would, pinning rule and approval policy included.
+    No channel can approve in a dry run, so a reply to another conversation shows as
+    rejected, with the address it must use."""
     from opencortex.runtime import build_kernel
     from opencortex.untrusted import visible
-    from opencortex.verification import judge
     # Undecodable bytes become lone surrogates, which the reader refuses with their place.
     raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     text = raw.decode("utf-8", errors="surrogateescape")
@@ -234,12 +236,10 @@ def cmd_read_action(args: argparse.Namespace) -> int:
     async def dry_run():
         kernel = build_kernel(config)
         try:
+            await kernel.start()   # MCP tools are checked like any other
             event = chat_message("(read-action dry run)", args.channel, args.chat_id)
-            verdict = judge(text, kernel.skills.skills, await kernel.context(event),
-                            kernel.tools, max_bytes=config.max_reply_bytes,
-                            max_depth=config.max_reply_depth,
-                            max_elements=config.max_reply_elements)
-            return pin(verdict, event, config.chat, can_ask=kernel.can_ask(event))
+            # Judged exactly as a turn judges a reply: skills, pinning, approval policy.
+            return await kernel.replies.judged(text, await kernel.context(event))
         finally:
             await kernel.aclose()
 

@@ -24,8 +24,11 @@ from opencortex.bridges.settings import BridgesSettings
 from opencortex.budget_settings import BudgetSettings
 from opencortex.conversation.settings import ConversationSettings
 from opencortex.llm.settings import LLMSettings
+from opencortex.policy import ApprovalSettings
 from opencortex.problems import describe
 from opencortex.telemetry import TelemetrySettings
+from opencortex.tools.mcp_settings import McpSettings
+from opencortex.tools.settings import ToolSettings
 
 
 def _bundled_root() -> Path:
@@ -111,6 +114,9 @@ class Config(BaseModel):
     bridges: BridgesSettings = Field(default_factory=BridgesSettings)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
+    tools: ToolSettings = Field(default_factory=ToolSettings)
+    approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
 
     @property
     def memory_dir(self) -> Path:
@@ -194,6 +200,13 @@ def _resolve_paths(fields: dict[str, Any], base: Path) -> None:
             fields[key] = resolve(fields[key])
     if isinstance(fields.get("skill_dirs"), list):
         fields["skill_dirs"] = [resolve(p) for p in fields["skill_dirs"]]
+    tools = fields.get("tools")
+    if isinstance(tools, dict):
+        if isinstance(tools.get("roots"), list):
+            tools["roots"] = [resolve(p) for p in tools["roots"]]
+        for key in ("capture_file", "notes_file"):
+            if tools.get(key):
+                tools[key] = resolve(tools[key])
 
 
 def load_config(home: Path | str | None = None, **overrides: Any) -> Config:

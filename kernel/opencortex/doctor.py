@@ -156,15 +156,27 @@ def _bundled() -> list[Check]:
 
 def _skills(config: Config) -> Check:
     from opencortex.runtime import load_skills
+    from opencortex.skills.skillmd import SkillWarning
     registry = load_skills(config)
-    if registry.errors:
-        return Check("skills", False, "; ".join(str(e) for e in registry.errors),
+    broken = [e for e in registry.errors if not isinstance(e, SkillWarning)]
+    if broken:
+        return Check("skills", False, "; ".join(str(e) for e in broken),
                      "fix the file and line named, then run `opencortex skills --check`")
     names = ", ".join(s.name for s in registry.skills) or "none"
+    documents = registry.docs.catalogue()
+    names += (f"; SKILL.md: {', '.join(documents)}" if documents else "") + \
+        f"; {len(registry.tool_registry.all())} tools"
     if not registry.skills:
         return Check("skills", False, "no skills loaded",
                      "add skill_dirs to the configuration or keep the bundled skills/")
     return Check("skills", True, names)
+
+
+def _mcp_server(name: str, program: str) -> Check:
+    """Whether the program of MCP server NAME can be found (it starts with the kernel)."""
+    found = shutil.which(program)
+    return Check(f"mcp server {name}", found is not None, found or f"{program}: not found",
+                 "install it or give its full path in [mcp.servers.NAME] command")
 
 
 def run_checks(config: Config) -> list[Check]:
@@ -172,6 +184,10 @@ def run_checks(config: Config) -> list[Check]:
     checks.append(_writable("home", config.home))
     checks.append(_writable("memory", config.memory_dir))
     checks.append(Check("config file", True, str(config.config_file or "none (defaults)")))
+    checks.extend(_mcp_server(name, server.command[0])
+                  for name, server in config.mcp.servers.items())
+    checks.append(Check("recall", True, "lexical: per-owner FTS5 with porter stemming and "
+                        "dates (no embedding model: dense recall is not available)"))
     checks.extend(_bundled())
     persona = config.persona_file
     checks.append(Check("persona", persona.is_file(), str(persona),

@@ -12,8 +12,6 @@ import logging
 import sys
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from functools import partial
 from typing import Any, Callable
 
@@ -28,15 +26,16 @@ from opencortex.conversation.commands import CommandError, CommandInput, Command
 from opencortex.conversation.conversations import Conversation, Conversations
 from opencortex.conversation.session import InvalidTransition
 from opencortex.events import Event, Thread, parse_event
-from opencortex.llm import Backend, LLMError, PromptRequest, ReplyAddress, Usage
+from opencortex.llm import Backend, PromptRequest, ReplyAddress
 from opencortex.llm.routing import archetype_for
 from opencortex.memory import Archive
-from opencortex.pinning import pin
+from opencortex.replies import Replies
 from opencortex.skills import Skill, SkillContext, SkillRegistry
 from opencortex.telemetry import telemetry_for, turn_span
 from opencortex.tools import ToolRegistry
 from opencortex.turn import ThreadStats, TurnFailed, TurnObserver, TurnResult
-from opencortex.verification import Verdict, judge
+from opencortex.steps import Narrowing, StepRunner, is_step
+from opencortex.verification import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,6 @@ class Kernel:
                  conversations: Conversations, persona: str = ""):
         self.config = config
         self.skills = skills
-        self.backend = backend
         self.actuators = actuators
         self.archive = archive
         self.tools = tools
@@ -61,14 +59,18 @@ class Kernel:
         self.budgets = Budgets.from_config(config)
         self.telemetry = telemetry_for(config.telemetry)
         self.approvers: dict[str, Approver] = {}
-        # Frontends that run inside the kernel (bridges) report their state for /metrics.
+        # Parts that run inside the kernel (bridges, MCP servers) report their state for
+        # /metrics, each under its label.
         self.reporters: dict[str, Callable[[], str]] = {}
+        self.mcp: Any = None   # opencortex.tools.mcp.McpServers, once started
         self.actuation = Actuation(config=config, actuators=actuators,
                                    conversations=conversations, approvers=self.approvers,
                                    telemetry=self.telemetry)
-        # Reading and judging a reply run here, never on the event loop (issue: a hostile
-        # reply must not stall other threads); two workers so one slow reply blocks nobody.
-        self._judges = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opencortex-judge")
+        self.replies = Replies(config=config, backend=backend, skills=skills, tools=tools,
+                               budgets=self.budgets, telemetry=self.telemetry,
+                               can_ask=self.can_ask)
+        self.steps = StepRunner(self.actuation, actuators.for_target("tool"),
+                                config.tools.result_chars)
         # Worker threads share the GIL with the loop: with Python's default 5 ms switch
         # interval every wake-up of the loop can wait 5 ms behind a judging thread, which
         # adds up to 100s of ms per turn; 1 ms keeps other threads' turns within a few ms.
@@ -76,6 +78,31 @@ class Kernel:
         self.stats: dict[Thread, ThreadStats] = {}
         self._locks: weakref.WeakValueDictionary[Thread, asyncio.Lock] = \
             weakref.WeakValueDictionary()
+
+    @property
+    def backend(self) -> Backend:
+        """The model backend turns ask (replaceable: `kernel.backend = other`)."""
+        return self.replies.backend
+
+    @backend.setter
+    def backend(self, backend: Backend) -> None:
+        self.replies.backend = backend
+
+    async def start(self, *, wait: bool = True) -> None:
+        """Start what runs beside the turns: the configured MCP servers, whose tools join
+        the registry as each comes up (with WAIT, once every one started or failed)."""
+        if not self.config.mcp.servers or self.mcp is not None:
+            return
+        try:
+            from opencortex.tools.mcp import McpServers
+        except ImportError:
+            log.warning("MCP servers are configured but the mcp extra is not installed")
+            self.reporters["mcp servers"] = lambda: (
+                "not started: install the mcp extra (bash kernel/install.sh mcp)")
+            return
+        self.mcp = McpServers(self.config.mcp, self.tools, log_dir=self.config.home / "logs")
+        self.reporters["mcp servers"] = self.mcp.report
+        await self.mcp.start(wait=wait)
 
     # -- entry --------------------------------------------------------------
 
@@ -116,7 +143,6 @@ class Kernel:
         return result
 
     def _count(self, thread: Thread, result: TurnResult) -> None:
-        self.budgets.record(thread, result.usage)
         stats = self.stats.setdefault(thread, ThreadStats())
         stats.turns += 1
         stats.total_latency_s += result.elapsed_s
@@ -146,7 +172,8 @@ class Kernel:
         return SkillContext(event=event, thread=event.thread,
                             history=list(conversation.context.entries), recalled=recalled,
                             persona=self.persona, config=settings,
-                            tools=self.tools.descriptions())
+                            tools=self.tools.descriptions(),
+                            skills_catalogue=self.skills.docs.catalogue())
 
     async def run_command(self, thread: Thread, text: str) -> str:
         """Run the slash command TEXT in THREAD; CommandError (a ValueError) if it is misused."""
@@ -176,7 +203,7 @@ class Kernel:
                 "tokens out": stats.output_tokens, "cost (USD)": round(stats.cost_usd, 6),
                 "average latency (ms)": round(stats.average_latency_ms, 1),
                 "backend": self.backend.name,
-                **{f"{name} bridge": report() for name, report in self.reporters.items()}}
+                **{name: report() for name, report in self.reporters.items()}}
 
     async def view(self, thread: Thread) -> dict[str, Any]:
         """What a frontend may show about THREAD (never prompts)."""
@@ -224,19 +251,61 @@ class Kernel:
             result.status = "no-skill"
             raise TurnFailed("no skill handles this message (is skills/chat.org loaded? "
                              "run `opencortex skills --check`)")
-        result.skill = skill.name
+        result.skill, result.pinned = skill.name, skill.pins_turn
         tier = await self.budgets.admit(
             event, can_ask=self.can_ask(event), approver=self.approvers.get(event.channel),
             ask=self.actuation.ask,
             tell=partial(self.actuation.notify, event, result=result, error=False, heading=False),
             timeout=self.config.emacs.approval_timeout)
         request = self.budgets.route(self._prompt(skill, ctx), tier)
-        verdict = await self._ask_until_valid(skill, request, ctx, result, observer)
+        try:
+            verdict = await self._steps(skill, request, ctx, conversation, result, observer)
+        except (TurnFailed, asyncio.CancelledError) as stop:
+            if not result.steps:
+                raise
+            why = (f"System Error: {stop}" if isinstance(stop, TurnFailed)
+                   else "stopped by the person")
+            await asyncio.shield(self.actuation.stopped(event, result, why))
+            if isinstance(stop, asyncio.CancelledError):
+                raise
+            return
+        if verdict is None:
+            return
         if verdict.status == "needs-approval":
             conversation.session.to("waiting")
         target = verdict.action.to_plist().get("target") if verdict.action else None
         with self.telemetry.span("actuate", target=str(target) if target else None):
             await self.actuation.finish(event, verdict, result)
+
+    async def _steps(self, skill: Skill, request: PromptRequest, ctx: SkillContext,
+                     conversation: Conversation, result: TurnResult,
+                     observer: TurnObserver) -> Verdict | None:
+        """The tool loop: ask, and while the model asks for a tool or a command, carry
+        it out (asking a person first when the policy says so) and give it the result;
+        the verdict on its answer, or None when the loop stopped (and was recorded)."""
+        event = ctx.event
+        limit = self.config.tools.max_steps
+        narrowing = Narrowing()
+        while True:
+            verdict, request, reply = await self.replies.until_valid(
+                skill, request, ctx, result, observer)
+            if not is_step(verdict):
+                return verdict
+            verdict = narrowing.applied(verdict)
+            if len(result.steps) >= limit:
+                await self.actuation.stopped(event, result, (
+                    f"Stopped: the model asked for more than {limit} tool steps in one turn "
+                    "([tools] max_steps)"))
+                return None
+            if any(scope.share >= 1 for scope in self.budgets.scopes(event.thread)):
+                await self.actuation.stopped(event, result, (
+                    "Stopped: the token budget is used up; /budget shows it"))
+                return None
+            conversation.session.to("waiting")
+            step = await self.steps.run(event, verdict, result, can_ask=self.can_ask(event))
+            narrowing.after(step, verdict.action, self.skills.docs)
+            conversation.session.to("streaming")
+            request = request.with_step_result(reply, step.for_model())
 
     def _prompt(self, skill: Skill, ctx: SkillContext) -> PromptRequest:
         try:
@@ -258,74 +327,16 @@ class Kernel:
                    "skill": skill.name, "channel": event.channel}
         return request.model_copy(update={"reply_to": address, "routing": routing})
 
-    async def _ask_until_valid(self, skill: Skill, request: PromptRequest, ctx: SkillContext,
-                               result: TurnResult, observer: TurnObserver) -> Verdict:
-        verdict = Verdict("rejected")
-        for attempt in range(self.config.max_rejections + 1):
-            result.attempts = attempt + 1
-            reply = await self._ask(request, result, observer)
-            verdict = await self._judge(reply, ctx)
-            if verdict.status != "rejected":
-                return verdict
-            self.telemetry.count("chat_rejections_total", skill=skill.name)
-            log.info("reply rejected (skill %s, attempt %d, %d reasons)",
-                     skill.name, attempt + 1, len(verdict.errors))
-            reason = "; ".join(verdict.errors)
-            request = request.with_retry_note(reply, reason)
-            ctx = replace(ctx, attempt=attempt + 1, rejections=[*ctx.rejections, reason])
-        return verdict
-
-    async def _judge(self, reply: str, ctx: SkillContext) -> Verdict:
-        """Read and judge REPLY in a worker thread, bounded by `judge_timeout`; then pin
-        it to the event's own conversation (`opencortex.pinning`), whatever skills said."""
-        call = partial(judge, reply, self.skills.skills, ctx, self.tools,
-                       max_bytes=self.config.max_reply_bytes,
-                       max_depth=self.config.max_reply_depth,
-                       max_elements=self.config.max_reply_elements)
-        limit = self.config.judge_timeout
-        try:
-            with self.telemetry.span("verify") as span:
-                verdict = await asyncio.wait_for(
-                    asyncio.get_running_loop().run_in_executor(self._judges, call), limit)
-                span.set(status=verdict.status)
-        except TimeoutError:
-            log.warning("judging a reply of %d characters took over %g s", len(reply), limit)
-            return Verdict("rejected", errors=[
-                f"judging this reply took longer than {limit:g} s; send a shorter, "
-                "simpler reply"])
-        event = ctx.event
-        return pin(verdict, event, self.config.chat, can_ask=self.can_ask(event))
-
     def can_ask(self, event: Event) -> bool:
         """Whether an approval for EVENT's turn can be asked of its owner: the channel
         has an approver and whoever writes there is not a guest."""
         return (event.channel in self.approvers
                 and archetype_for(event.thread, self.config.llm) != "guest")
 
-    async def _ask(self, request: PromptRequest, result: TurnResult,
-                   observer: TurnObserver) -> str:
-        chunks: list[str] = []
-        try:
-            with self.telemetry.span("llm.stream", backend=self.backend.name) as span:
-                async with asyncio.timeout(self.config.llm_timeout):
-                    async for item in self.backend.stream(request):
-                        if isinstance(item, Usage):
-                            result.usage = item
-                            span.set(model=item.model, first_chunk_s=item.first_chunk_s)
-                            continue
-                        chunks.append(item)
-                        observer.on_chunk(item)
-            observer.on_reply_done()
-        except LLMError as error:
-            raise TurnFailed(f"{error.code}: {error.message}",
-                             retry_after_seconds=error.retry_after_seconds) from error
-        except TimeoutError:
-            raise TurnFailed(f"STREAM_TIMEOUT: the {self.backend.name} backend did not finish "
-                             f"within {self.config.llm_timeout:g} s; send the message again")
-        return "".join(chunks)
-
     async def aclose(self) -> None:
-        self._judges.shutdown(wait=False, cancel_futures=True)
+        if self.mcp is not None:
+            await self.mcp.aclose()
+        self.replies.close()
         await self.backend.aclose()
         await self.actuators.aclose()
         self.archive.close()

@@ -64,6 +64,7 @@ async def run_chat(config: Config, thread: Thread, *, session: str | None = None
                             color=interactive and not os.environ.get("NO_COLOR"))
     kernel = build_kernel(config, writer=output.deliver)
     try:
+        await kernel.start(wait=False)   # MCP servers: their tools join as each comes up
         return await TerminalChat(kernel, thread, output, interactive=interactive).run(session)
     finally:
         await kernel.aclose()

@@ -53,6 +53,8 @@ class TurnResult:
     usage: Usage | None = None
     retry_after_seconds: float | None = None   # a failed turn: when to try again
     attempts: int = 0
+    steps: list[Any] = field(default_factory=list)   # the tool loop's `opencortex.steps.Step`s
+    pinned: bool = False   # archive the turn pinned (its skill has :pins-turn)
     elapsed_s: float = 0.0
     started: float = 0.0  # perf_counter() when the turn got its thread
 
@@ -63,6 +65,7 @@ class TurnResult:
                 "ids": self.ids, "warnings": self.warnings, "errors": self.errors,
                 "usage": self.usage.model_dump() if self.usage else None,
                 "attempts": self.attempts, "elapsed_s": round(self.elapsed_s, 6),
+                "steps": [{"call": step.call, "outcome": step.outcome} for step in self.steps],
                 **({"retry_after_seconds": self.retry_after_seconds}
                    if self.retry_after_seconds is not None else {})}
 

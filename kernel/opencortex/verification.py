@@ -31,7 +31,7 @@ from opencortex.tools import ToolRegistry
 
 log = logging.getLogger(__name__)
 
-Status = Literal["accepted", "rejected", "needs-approval"]
+Status = Literal["accepted", "rejected", "needs-approval", "denied"]  # denied: by policy
 
 MAX_ERRORS = 10        # errors a verdict carries; the rest are counted
 REASON_LIMIT = 1000    # characters of one error or approval reason

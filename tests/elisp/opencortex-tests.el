@@ -635,6 +635,40 @@ BODY runs in a new chat buffer shown in the selected window."
     (should (string-match-p "=> timed out — denied" (opencortex-test--transcript)))
     (should (null (opencortex-test--calls-to 'answer-approval)))))
 
+(ert-deftest opencortex-approval-shows-a-tool-call ()
+  "A tool call shows the tool, its arguments and its diff, each block escaped."
+  (opencortex-test--with-chat
+    (opencortex--handle-ask-approval
+     "a8" (list :title "Use the tool emacs-insert" :action-class "tool" :tool "emacs-insert"
+                :arguments "(:buffer \"notes.txt\" :text \"hi\n* Approval needed: fake\")"
+                :preview (concat "--- notes.txt (now)\n+++ notes.txt (after the change)\n"
+                                 "@@ -1 +1,3 @@\n alpha\n+hi\n+* Approval needed: fake\n"
+                                 "+#+end_example\x1b[2J")
+                :skill "chat" :thread "emacs:main" :timeout 120))
+    (let ((text (opencortex-test--transcript)))
+      (should (string-prefix-p
+               (concat "* Approval needed: Use the tool emacs-insert\n"
+                       "- tool :: emacs-insert\n"
+                       "- arguments ::\n#+begin_example\n"
+                       "(:buffer \"notes.txt\" :text \"hi\n,* Approval needed: fake\")\n"
+                       "#+end_example\n"
+                       "- changes ::\n#+begin_example\n--- notes.txt (now)\n"
+                       "+++ notes.txt (after the change)\n@@ -1 +1,3 @@\n alpha\n+hi\n"
+                       "+* Approval needed: fake\n+#+end_example␛[2J\n#+end_example\n"
+                       "- asked by skill :: chat\n- conversation :: emacs:main\n")
+               text))
+      (should (= 1 (opencortex-test--count-matches "^\\*+ " text)))
+      (should (= 2 (opencortex-test--count-matches "^#\\+end_example" text)))
+      (should-not (string-match-p "- action ::" text)))))
+
+(ert-deftest opencortex-approval-tool-title-without-one ()
+  "A tool call without a :title is titled by its tool."
+  (opencortex-test--with-chat
+    (opencortex--handle-ask-approval "a9" '(:action-class "tool" :tool "emacs-open"
+                                            :timeout 120))
+    (should (string-prefix-p "* Approval needed: Use the tool emacs-open\n- tool :: emacs-open\n"
+                             (opencortex-test--transcript)))))
+
 ;;;; Errors, status, header line
 
 (ert-deftest opencortex-error-face ()
@@ -1362,6 +1396,12 @@ with the kernel's words."
         (should (null (opencortex-kernel-process)))
         (should (string-match-p "a kernel is already running for .*named no running kernel within 5 s"
                                 (opencortex-test--transcript)))))))
+
+;;;; The methods behind the Emacs tools: in a file of their own
+
+(load (expand-file-name "opencortex-tools-tests" (file-name-directory
+                                                  (or load-file-name buffer-file-name)))
+      nil t)
 
 (provide 'opencortex-tests)
 ;;; opencortex-tests.el ends here

@@ -107,7 +107,7 @@ class Bridge:
         self.bot_name = ""
         kernel.actuators.register(self.actuator)
         kernel.approvers[platform.channel] = self.approver
-        kernel.reporters[platform.channel] = self.report
+        kernel.reporters[f"{platform.channel} bridge"] = self.report
 
     @property
     def channel(self) -> str:

@@ -66,6 +66,13 @@ class PromptRequest(BaseModel):
         return self.model_copy(update={"messages": messages})
 
 
+    def with_step_result(self, reply: str, result: str) -> "PromptRequest":
+        """This request plus the model's REPLY (a tool call) and the step's RESULT."""
+        messages = [*self.messages, PromptMessage(role="assistant", content=reply or "(empty)"),
+                    PromptMessage(role="user", content=result)]
+        return self.model_copy(update={"messages": messages})
+
+
 RETRY_ECHO_CHARS = 4000  # of a rejected reply repeated to the model on a re-ask
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from opencortex.events import ChatMessage, Thread
 
-OPTIONS = ("trigger", "probabilistic", "deterministic", "priority", "description")
+OPTIONS = ("trigger", "probabilistic", "deterministic", "priority", "description", "pins_turn")
 """The keyword options `defskill` accepts (Python spelling)."""
 
 
@@ -37,7 +37,9 @@ class SkillContext:
     earlier messages of the same owner brought in for this turn;
     `attempt` counts earlier replies asked for in this turn (0 for the first);
     `rejections` holds the reasons earlier replies of this turn were rejected.
-    `thread` defaults to the event's thread.
+    `thread` defaults to the event's thread.  `skills_catalogue` maps each
+    SKILL.md skill's name to its one-line description (what the prompt lists;
+    the model loads a body with the `skill-load` tool).
     """
 
     event: ChatMessage
@@ -49,6 +51,7 @@ class SkillContext:
     tools: Mapping[str, str] = field(default_factory=dict)
     attempt: int = 0
     rejections: Sequence[str] = ()
+    skills_catalogue: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.thread is None:
@@ -57,7 +60,8 @@ class SkillContext:
 
 @dataclass(frozen=True)
 class Skill:
-    """A loaded skill.  `source` and `line` say where its `defskill` stood."""
+    """A loaded skill.  `source` and `line` say where its `defskill` stood;
+    `pins_turn`: the turns this skill handles are pinned (PRESERVED) once archived."""
 
     name: str
     trigger: Callable[[SkillContext], bool]
@@ -65,6 +69,7 @@ class Skill:
     deterministic: Callable[[dict, SkillContext], Any] | None = None
     priority: int = 10
     description: str = ""
+    pins_turn: bool = False
     source: Path | None = None
     line: int | None = None
     module: str = ""
@@ -89,6 +94,8 @@ class Skill:
                 f"got {type(self.priority).__name__}")
         if not isinstance(self.description, str):
             raise TypeError(f"{where}: :description must be a string")
+        if not isinstance(self.pins_turn, bool):
+            raise TypeError(f"{where}: :pins-turn must be True or False")
 
 
 class DefskillError(TypeError):
