@@ -14,6 +14,7 @@ import opencortex.skills.loader as loader
 from opencortex.events import ChatMessage
 from opencortex.skills import SkillContext, SkillRegistry
 from opencortex.skills.compile_cache import SWITCH, CompileCache, cache_enabled
+from test_skills import line_of, write
 
 NOTE = """\
 #+TITLE: Cached
@@ -56,14 +57,6 @@ def compiles(monkeypatch) -> list[int]:
     return counted
 
 
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return path
-
-
-def line_of(text: str, needle: str) -> int:
-    return next(n for n, line in enumerate(text.split("\n"), 1) if needle in line)
 
 
 def load(skills: Path, cache: Path) -> SkillRegistry:

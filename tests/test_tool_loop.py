@@ -13,9 +13,9 @@ import pytest
 from pydantic import BaseModel
 
 from conftest import AnsweringApprover, RecordingActuator
+from test_pinning import RecordingScript
 from opencortex.events import chat_message
 from opencortex.config import load_config
-from opencortex.llm.script import ScriptBackend
 from opencortex.policy import ApprovalPolicy, ApprovalSettings
 from opencortex.runtime import build_kernel
 from opencortex.tools import NoArguments, Tool
@@ -30,19 +30,6 @@ def say(text: str, target: str = "cli") -> str:
     return f'(:type :REQUEST :target :{target} :text "{text}")'
 
 
-class Recording(ScriptBackend):
-    """The script backend, keeping every request it was sent."""
-
-    def __init__(self, path: Path):
-        super().__init__(path)
-        self.requests = []
-
-    async def stream(self, request):
-        self.requests.append(request)
-        async for item in super().stream(request):
-            yield item
-
-
 class NoteArguments(BaseModel):
     text: str
 
@@ -53,7 +40,7 @@ def kernel_with(home: Path, *replies: str, toml: str = "", approver=None,
         (home / "config.toml").write_text(toml)
     path = home / "replies.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in replies) + "\n")
-    backend = Recording(path)
+    backend = RecordingScript(path)
     printed: list[str] = []
     kernel = build_kernel(load_config(home), backend=backend, writer=printed.append)
     for tool in tools:
