@@ -261,3 +261,11 @@ def test_remember_wins_files_the_note_and_pins_its_turn(home):
     pins, entries = run(pinned())
     assert set(result.ids) <= pins
     assert entries and all(e.retention == "PRESERVED" for e in entries)
+
+
+def test_a_used_up_token_budget_stops_the_loop_before_the_next_step(home):
+    kernel, _, printed, _ = kernel_with(home, CLOCK, CLOCK, say("late"),
+                                        toml="[budget.developer]\nsession_tokens = 1\n")
+    result = run(kernel.handle(chat_message("time?")))
+    assert result.status == "failed" and result.steps == []
+    assert "the token budget is used up" in printed[-1]

@@ -104,6 +104,7 @@ class ToolRegistry:
     def __init__(self, tools: list[Tool] | None = None):
         self._tools: dict[str, Tool] = {}
         self._groups: dict[str, list[str]] = {}
+        self._descriptions: dict[str, str] | None = None   # built once per change
         for tool in tools or []:
             self.register(tool)
 
@@ -112,12 +113,14 @@ class ToolRegistry:
             raise ValueError(f"a tool named {tool.name!r} is already registered")
         self._tools[tool.name] = tool
         self._groups.setdefault(group, []).append(tool.name)
+        self._descriptions = None
 
     def replace(self, group: str, tools: list[Tool]) -> list[Tool]:
         """Make TOOLS the whole of GROUP; return those left out because another group
         already has a tool of that name."""
         for name in self._groups.pop(group, []):
             self._tools.pop(name, None)
+        self._descriptions = None
         left_out = []
         for tool in tools:
             if tool.name in self._tools:
@@ -138,7 +141,11 @@ class ToolRegistry:
         return [self._tools[name] for name in sorted(self._tools)]
 
     def descriptions(self) -> dict[str, str]:
-        return {name: f"{tool.description} {tool.signature()}" for name, tool in self._tools.items()}
+        """Each tool's description and exact call form, for prompts (a copy)."""
+        if self._descriptions is None:
+            self._descriptions = {name: f"{tool.description} {tool.signature()}"
+                                  for name, tool in self._tools.items()}
+        return dict(self._descriptions)
 
     def validate_call(self, name: str, args: Mapping[str, Any]) -> dict[str, Any]:
         """Check a call; return the normalized arguments or raise ValueError."""
