@@ -2,6 +2,8 @@
 
     python bench/bench_memory_eval.py            # 40 sessions + 100k-message scale figures
     python bench/bench_memory_eval.py --quick    # a few seconds: 12 sessions, no scale run
+    python bench/bench_memory_eval.py --embedder python:mymodels.embed:embed
+                                                 # also the ranking fused with a local model
 
 The dataset (see memory_eval_data.py) is archived through the kernel's own
 path (`Archive.append`, org files + index); the questions are asked in a new
@@ -13,6 +15,12 @@ Figures: R@5 and R@10 (a question counts when a message holding its answer
 is among the first 5 / 10 recalled) overall and per question kind, recall
 latency p50 / p95; without --quick also the same at 100k messages of one
 owner, the first load of a 100k-turn thread, and the import rate.
+
+With --embedder SPEC (a `[memory.embeddings] model`: "python:module:function"
+or "sentence-transformers:/local/dir"), every message of the owner is
+embedded first (the rate is printed), then the same questions are asked of
+the lexical ranking fused with the model's (reciprocal rank fusion).  The
+figures are the model's: the test suite runs this only with a toy embedder.
 """
 
 from __future__ import annotations
@@ -31,10 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory_eval_data import Dataset, Turn, generate  # noqa: E402
 
 from opencortex.conversation.conversations import Conversations  # noqa: E402
+from opencortex.conversation.dense import DenseRecall  # noqa: E402
 from opencortex.conversation.recall import SETTLE_NS  # noqa: E402
 from opencortex.conversation.settings import ConversationSettings  # noqa: E402
 from opencortex.events import Thread  # noqa: E402
 from opencortex.memory import Archive, NewMessage  # noqa: E402
+from opencortex.memory.embedding_settings import EmbeddingSettings  # noqa: E402
 
 ASKING = Thread("emacs", "questions")     # a new thread of the local owner
 BIG = Thread("emacs", "long-history")     # the 100k-message thread of the scale run
@@ -108,6 +118,21 @@ def pad(archive: Archive, total: int, now: float) -> None:
             timestamp=now - 400 * 86400 + i * 60) for i in range(start, min(start + batch, total))])
 
 
+def fused(archive: Archive, settings: ConversationSettings, spec: str) -> Conversations:
+    """Conversations whose recall fuses the model SPEC's ranking, every vector made first."""
+    conversations = Conversations(archive, settings)
+    dense = DenseRecall(archive, EmbeddingSettings(model=spec, batch=1000))
+    conversations.recall.dense = dense
+    scope = conversations.recall.scope(ASKING)
+    started, made = time.perf_counter(), 0
+    while count := dense.fill(scope):
+        made += count
+    elapsed = time.perf_counter() - started
+    print(f"embedded {made:,} messages with {spec} in {elapsed:.1f} s "
+          f"({made / max(elapsed, 1e-9):,.0f} messages/s)")
+    return conversations
+
+
 async def first_load(root: Path, settings: ConversationSettings) -> float:
     """Seconds to open BIG for the first time after a restart (fresh archive handle)."""
     with Archive(root) as archive:
@@ -123,6 +148,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=20261123)
     parser.add_argument("--scale", type=int, default=100_000,
                         help="owner messages for the scale run (default 100k)")
+    parser.add_argument("--embedder", metavar="SPEC",
+                        help="also measure recall fused with this local embedding model")
     args = parser.parse_args()
     now = time.time()
     if args.quick:
@@ -144,6 +171,9 @@ def main() -> None:
                   f"of other owners; archived in {elapsed:.1f} s")
             time.sleep(SETTLE_NS / 1e9)     # let directory times settle (see Recall._refresh)
             evaluate(Conversations(archive, settings), data, ids, "evaluation")
+            if args.embedder:
+                evaluate(fused(archive, settings, args.embedder), data, ids,
+                         f"fused with {args.embedder}")
             if args.quick:
                 return
             started = time.perf_counter()
@@ -152,6 +182,9 @@ def main() -> None:
             print(f"padded to {args.scale:,} owner messages in {elapsed:.1f} s "
                   f"({(args.scale - owner) / elapsed:,.0f} messages/s through Archive.append)")
             evaluate(Conversations(archive, settings), data, ids, f"at {args.scale:,} messages")
+            if args.embedder:
+                evaluate(fused(archive, settings, args.embedder), data, ids,
+                         f"at {args.scale:,} messages, fused with {args.embedder}")
         seconds = asyncio.run(first_load(root, settings))
         print(f"first load of a {args.scale - owner:,}-message thread: {seconds:.2f} s")
 

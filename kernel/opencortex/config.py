@@ -24,6 +24,7 @@ from opencortex.bridges.settings import BridgesSettings
 from opencortex.budget_settings import BudgetSettings
 from opencortex.conversation.settings import ConversationSettings
 from opencortex.llm.settings import LLMSettings
+from opencortex.memory.embedding_settings import MemorySettings
 from opencortex.policy import ApprovalSettings
 from opencortex.problems import describe
 from opencortex.telemetry import TelemetrySettings
@@ -117,6 +118,7 @@ class Config(BaseModel):
     mcp: McpSettings = Field(default_factory=McpSettings)
     tools: ToolSettings = Field(default_factory=ToolSettings)
     approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
 
     @property
     def memory_dir(self) -> Path:

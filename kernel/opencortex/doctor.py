@@ -172,6 +172,27 @@ def _skills(config: Config) -> Check:
     return Check("skills", True, names)
 
 
+def _recall(config: Config) -> Check:
+    """How recall ranks: lexical, or lexical + dense when a model is configured and loads."""
+    lexical = "per-owner FTS5 with porter stemming and dates"
+    model = config.memory.embeddings.model
+    if model is None:
+        return Check("recall", True, f"lexical: {lexical} (no embedding model: dense recall "
+                     "is not available)")
+    from opencortex.memory.embedders import Embedder, EmbedderError
+    try:
+        [vector] = Embedder(model).embed(["opencortex doctor: a test sentence"])
+    except EmbedderError as error:
+        cause = error.__cause__
+        detail = "" if cause is None or str(cause) in str(error) else \
+            f" ({type(cause).__name__}: {cause})"
+        return Check("recall", False, f"lexical only: {error}{detail}",
+                     "fix [memory.embeddings] model (a local model directory, or "
+                     "python:package.module:function), or remove it for lexical recall")
+    return Check("recall", True, f"lexical + dense ({model}, {len(vector)} dimensions), "
+                 f"fused by RRF; lexical: {lexical}")
+
+
 def _mcp_server(name: str, program: str) -> Check:
     """Whether the program of MCP server NAME can be found (it starts with the kernel)."""
     found = shutil.which(program)
@@ -186,8 +207,7 @@ def run_checks(config: Config) -> list[Check]:
     checks.append(Check("config file", True, str(config.config_file or "none (defaults)")))
     checks.extend(_mcp_server(name, server.command[0])
                   for name, server in config.mcp.servers.items())
-    checks.append(Check("recall", True, "lexical: per-owner FTS5 with porter stemming and "
-                        "dates (no embedding model: dense recall is not available)"))
+    checks.append(_recall(config))
     checks.extend(_bundled())
     persona = config.persona_file
     checks.append(Check("persona", persona.is_file(), str(persona),

@@ -11,6 +11,7 @@ from opencortex.actuators import ActuatorRegistry, CliActuator, ToolActuator
 from opencortex.actuators.shell import ShellActuator
 from opencortex.config import Config
 from opencortex.conversation.conversations import Conversations
+from opencortex.conversation.dense import DenseRecall
 from opencortex.conversation.summaries import backend_summarizer
 from opencortex.kernel import Kernel
 from opencortex.llm import Backend, make_backend
@@ -65,6 +66,7 @@ def build_kernel(config: Config, *, backend: Backend | None = None,
     unarchived = [name for name, bridge in config.bridges.enabled().items() if not bridge.archive]
     conversations = Conversations(archive, config.conversation, summarizer=summarizer,
                                   unarchived=unarchived)
+    conversations.recall.dense = DenseRecall.from_settings(archive, config.memory.embeddings)
     actuators = ActuatorRegistry([CliActuator(stream=stream, writer=writer),
                                   ToolActuator(tools, tool_settings(config),
                                                memory_for=partial(OwnerMemory.of, conversations)),

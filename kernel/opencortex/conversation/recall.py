@@ -23,6 +23,11 @@ question ("last week", "in March", "2026-03-14") searches that period first;
 that is a question brings the reply after it, and a reply the question before
 it ("next to a recalled message"), after the K best.  `explain` says what was
 recalled and why, for /recall.
+
+Dense recall (optional, see `dense`): with an embedding model configured, the
+same scope is also ranked by the model, and the two rankings are fused by
+reciprocal rank (see `fusion`); a hit's score is then the fused score.
+Without one, recall is lexical and nothing of it is loaded.
 """
 
 from __future__ import annotations
@@ -33,13 +38,18 @@ import re
 import time
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from opencortex.conversation.branches import unique
 from opencortex.conversation.entries import Entry
+from opencortex.conversation.fusion import Ranked, fuse
 from opencortex.conversation.recalldates import DateHint, date_hint
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
+
+if TYPE_CHECKING:
+    from opencortex.conversation.dense import DenseRecall
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +94,17 @@ class Recall:
 
     def __init__(self, archive: Archive, owners: Mapping[str, str],
                  shared_owners: Sequence[str] = (), *,
-                 max_chars: int = MAX_RECALLED_CHARS):
+                 max_chars: int = MAX_RECALLED_CHARS, dense: DenseRecall | None = None):
         """OWNERS maps "channel:chat-id" to an owner name; SHARED_OWNERS are owners
-        whose threads every owner may recall from (default: none)."""
+        whose threads every owner may recall from (default: none).  DENSE: the
+        optional embedding ranking fused with the lexical one (may be set later)."""
         if isinstance(shared_owners, str):
             raise TypeError("shared_owners must be a list of owner names, not one string")
         self.archive = archive
         self.owners = dict(owners)
         self.shared_owners = tuple(shared_owners)
         self.max_chars = max_chars
+        self.dense = dense
         self._by_owner: dict[str, list[Thread]] = {}
         self._known: set[Thread] = set()
         self._stamp: tuple[tuple[str, int], ...] | None = None
@@ -172,6 +184,13 @@ class Recall:
     def hits(self, thread: Thread, query: str, *, k: int = 5,
              exclude_ids: Collection[str] = ()) -> tuple[list[SearchHit], DateHint]:
         """The K best hits for QUERY in THREAD's scope, and what the question said about time."""
+        ranked, hint = self.ranked(thread, query, k=k, exclude_ids=exclude_ids)
+        return [r.hit if r.fused is None else r.hit.model_copy(update={"score": r.fused})
+                for r in ranked], hint
+
+    def ranked(self, thread: Thread, query: str, *, k: int = 5,
+               exclude_ids: Collection[str] = ()) -> tuple[list[Ranked], DateHint]:
+        """The K best hits with the ranks that put them there (lexical, dense, fused)."""
         hint = date_hint(query, time.time())
         if k <= 0 or not query.strip():
             return [], hint
@@ -186,14 +205,34 @@ class Recall:
         general = self.archive.search(words, threads=scope, limit=CANDIDATES * k,
                                       exclude_ids=exclude_ids)
         found += _newer_first(general) if hint.recent else general
-        hits = []
-        for hit in unique(found, seen=exclude_ids):     # a merged copy is the same message
-            if hit.thread != thread and self.owner(hit.thread) not in allowed:
+        lexical = unique(found, seen=exclude_ids)        # a merged copy is the same message
+        dense = self._dense(scope, hint.text if hint.text.strip() else query, exclude_ids,
+                            hint)
+        if dense is None:
+            ranked = [Ranked(hit, rank, None, None) for rank, hit in enumerate(lexical, 1)]
+        else:
+            settings = self.dense.settings
+            ranked = fuse(lexical, dense, k=settings.k, weight=settings.weight)
+            once = {hit.id for hit in unique([r.hit for r in ranked], seen=exclude_ids)}
+            ranked = [r for r in ranked if r.hit.id in once]
+        kept = []
+        for item in ranked:
+            if item.hit.thread != thread and self.owner(item.hit.thread) not in allowed:
                 log.error("recall: dropped a hit outside the owner's scope")   # never expected
                 continue
-            hits.append(hit)
+            kept.append(item)
         log.debug("recall: %d of %d thread(s) searched", len(scope), len(self._known))
-        return hits[:k], hint
+        return kept[:k], hint
+
+    def _dense(self, scope: list[Thread], text: str, exclude_ids: Collection[str],
+               hint: DateHint) -> list[SearchHit] | None:
+        """The dense ranking of SCOPE for TEXT, or None (no model, or it failed)."""
+        if self.dense is None:
+            return None
+        found = self.dense.rank(scope, text, exclude_ids=exclude_ids, window=hint.window)
+        if found is None or not hint.recent:
+            return found
+        return _newer_first(found)
 
     def _partner(self, hit: SearchHit) -> MessageRecord | None:
         """The reply to HIT when it is a question, or the question HIT replies to."""
@@ -207,22 +246,37 @@ class Recall:
 
     def explain(self, thread: Thread, query: str, *, k: int = 10) -> str:
         """What recall brings for QUERY and why: the period and words searched, then per
-        hit its score, date, where, the words it matched and its text (for /recall)."""
-        hits, hint = self.hits(thread, query, k=k)
+        hit its score, date, where, the words it matched and its text (for /recall);
+        with dense recall, which ranking found each hit and the fused score."""
+        ranked, hint = self.ranked(thread, query, k=k)
         lines = [f"searched for: {recall_query(hint.text) or recall_query(query)}"]
+        if self.dense is not None:
+            lines.append(f"ranking: {self.dense.describe()}")
+            if ranked and ranked[0].fused is None and self.dense.off is None:
+                lines.append("the dense ranking failed this time (see the log): lexical only")
         if hint.window is not None:
             start, end = (datetime.fromtimestamp(t).strftime("%Y-%m-%d") for t in
                           (hint.window[0], hint.window[1] - 1))
             lines.append(f"dates: {start} to {end} (\"{hint.label}\"), searched first")
         if hint.recent:
             lines.append("asks about the present: newer matches ranked higher")
-        for number, hit in enumerate(hits, 1):
+        for number, item in enumerate(ranked, 1):
+            hit = item.hit
             terms = ", ".join(dict.fromkeys(t.lower() for t in _MARKED.findall(hit.snippet)))
             when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d %H:%M")
             text = " ".join(hit.text.split())
-            lines.append(f"{number}. score {hit.score:.2f}, {when}, {hit.thread}, {hit.role}; "
+            lines.append(f"{number}. {self._why(item)}, {when}, {hit.thread}, {hit.role}; "
                          f"matched: {terms or '-'}\n   {text[:140]}")
-        return "\n".join(lines) if hits else "\n".join(lines + ["Nothing recalled."])
+        return "\n".join(lines) if ranked else "\n".join(lines + ["Nothing recalled."])
+
+    @staticmethod
+    def _why(item: Ranked) -> str:
+        """The score of a hit; when fused, the rank each list gave it and the fused score."""
+        if item.fused is None:
+            return f"score {item.hit.score:.2f}"
+        lexical = f"lexical #{item.lexical}" if item.lexical else "lexical -"
+        dense = f"dense #{item.dense}" if item.dense else "dense -"
+        return f"fused {item.fused:.4f} ({lexical}, {dense})"
 
     def entry(self, hit: MessageRecord, *, near: bool = False) -> Entry:
         """HIT as a recalled entry: where and when it was said, then its text (NEAR: it
