@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 LOCAL_OWNER = LOCAL_PARTITION
 MAX_RECALLED_CHARS = 2000      # a longer recalled message is cut (with "…")
 SETTLE_NS = 2_000_000_000      # directory times this recent may hide a change (coarse clocks)
+RECHECK_NS = 100_000_000       # while they are that recent, read the thread list this often
 CANDIDATES = 4                 # recall ranks this many times K matches before keeping K
 RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
 
@@ -108,6 +109,8 @@ class Recall:
         self._by_owner: dict[str, list[Thread]] = {}
         self._known: set[Thread] = set()
         self._stamp: tuple[tuple[str, int], ...] | None = None
+        self._unsettled = False     # the stamp was too young to trust when last read
+        self._read_at = 0           # time.monotonic_ns() of the last read
         archive.set_partition(self.owner)          # rank with each owner's own statistics
 
     # -- scope ---------------------------------------------------------------
@@ -133,17 +136,24 @@ class Recall:
         return sorted(found)
 
     def _refresh(self, *, force: bool = False) -> None:
-        """Re-read the archive's thread list when a channel directory changed."""
+        """Re-read the archive's thread list when a channel directory changed.
+
+        A stamp younger than SETTLE_NS cannot be trusted (a file made in the same
+        clock tick would not change it): until it settles the list is read again,
+        but at most every RECHECK_NS, so a new chat does not make every turn of a
+        large archive read every thread file's header."""
         stamp = self._directory_stamp()
-        if not force and stamp == self._stamp:
+        now = time.monotonic_ns()
+        if not force and stamp == self._stamp and (
+                not self._unsettled or now - self._read_at < RECHECK_NS):
             return
         by_owner: dict[str, list[Thread]] = {}
         threads = self.archive.threads()
         for thread in threads:
             by_owner.setdefault(self.owner(thread), []).append(thread)
-        if max(mtime for _, mtime in stamp) > time.time_ns() - SETTLE_NS:
-            stamp = None      # a file made in the same clock tick would not change the time
+        self._unsettled = max(mtime for _, mtime in stamp) > time.time_ns() - SETTLE_NS
         self._by_owner, self._known, self._stamp = by_owner, set(threads), stamp
+        self._read_at = now
         log.debug("recall: %d thread(s) of %d owner(s)", len(threads), len(by_owner))
 
     def _directory_stamp(self) -> tuple[tuple[str, int], ...]:
