@@ -339,5 +339,6 @@ class Kernel:
         self.replies.close()
         await self.backend.aclose()
         await self.actuators.aclose()
-        self.archive.close()
+        self.conversations.close()
+        await asyncio.to_thread(self.archive.close)    # pending writes first (bounded)
         self.budgets.close()

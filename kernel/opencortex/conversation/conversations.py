@@ -7,6 +7,12 @@ is filled from the newest messages of the current branch (plus pinned ones),
 so its cost follows the budget, not the length of the thread.  After that
 each turn only appends, with a checkpoint for the next start.
 
+The event loop does not wait for the disk: opening a thread (reading its
+file's tail) and recall (the index query) run in reading threads, and a turn
+is written by the archive's writer thread in a group commit with the turns of
+other threads that finish meanwhile (see `memory.writer`); `record_turn`
+returns once the turn is durable.
+
 Summaries the context makes are kept in the thread's file (`storedsummaries`):
 with the summarize and galois strategies, a start puts the newest summary of
 the branch back, followed by the messages after it, and the summarizer is
@@ -15,9 +21,12 @@ asked again only when those no longer fit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Collection, Sequence
 
 from opencortex.conversation.compression import CompressionReport
@@ -38,6 +47,8 @@ log = logging.getLogger(__name__)
 
 WINDOW_MESSAGES = 400  # newest messages of a branch read into a fresh context, at most
 OPEN_CONVERSATIONS = 256  # kept in memory; the least recently used idle one is let go
+READERS = 2   # threads that read the archive for recall and opening (SQLite runs without
+              # the GIL; more threads would only make the loop wait longer for it)
 SUMMARIZING = ("summarize", "galois")   # strategies whose summaries are kept and restored
 
 
@@ -71,6 +82,8 @@ class Conversations:
         self.recall = Recall(archive, settings.owners, settings.recall_across_owners)
         self.saved = SavedSessions(archive.root, owners=settings.owners, archive=archive)
         self._open: OrderedDict[Thread, Conversation] = OrderedDict()  # least recent first
+        self._opening: dict[Thread, asyncio.Future[Conversation]] = {}   # being loaded
+        self._readers: ThreadPoolExecutor | None = None   # reading threads, made on first use
 
     def store_for(self, thread: Thread) -> Archive | WorkingMemory:
         """Where THREAD's messages are kept: the archive, or working memory only for a
@@ -81,12 +94,33 @@ class Conversations:
         return owner_of(thread, self.settings.owners)
 
     async def open(self, thread: Thread) -> Conversation:
-        """The conversation of THREAD, loading it from the archive the first time."""
+        """The conversation of THREAD, loading it from the archive the first time (in a
+        reading thread; callers asking for the same thread meanwhile share the load)."""
         conversation = self._open.get(thread)
         if conversation is not None:
             self._open.move_to_end(thread)
             return conversation
-        thread_log = ThreadLog.resume(self.store_for(thread), thread, window=WINDOW_MESSAGES)
+        opening = self._opening.get(thread)
+        if opening is None:
+            opening = self._opening[thread] = asyncio.ensure_future(self._load(thread))
+            opening.add_done_callback(partial(self._opened, thread))
+        return await asyncio.shield(opening)
+
+    def _opened(self, thread: Thread, done: asyncio.Future) -> None:
+        """THREAD's load ended (its outcome went to whoever awaited it)."""
+        if self._opening.get(thread) is done:
+            del self._opening[thread]
+        if not done.cancelled():
+            done.exception()        # retrieved: a load nobody awaits any more is not an error
+
+    async def _load(self, thread: Thread) -> Conversation:
+        """THREAD's conversation read from its store, its context filled, kept open."""
+        store = self.store_for(thread)
+        if isinstance(store, Archive):
+            thread_log = await self._read(ThreadLog.resume, store, thread,
+                                          window=WINDOW_MESSAGES)
+        else:
+            thread_log = ThreadLog.resume(store, thread, window=WINDOW_MESSAGES)
         session = Session.from_log(thread_log, max_turns=self.settings.max_turns,
                                    max_tokens=self.settings.max_tokens)
         conversation = Conversation(thread, thread_log, self._chosen_context(thread_log),
@@ -95,6 +129,19 @@ class Conversations:
         self._open[thread] = conversation
         self._let_go()
         return conversation
+
+    async def _read(self, function, *args, **kwargs):
+        """FUNCTION(*ARGS, **KWARGS) run by a reading thread, so the loop does not wait."""
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="opencortex-reader")
+        return await asyncio.get_running_loop().run_in_executor(
+            self._readers, partial(function, *args, **kwargs))
+
+    def close(self) -> None:
+        """Let the reading threads go (made again if the conversations are used after)."""
+        readers, self._readers = self._readers, None
+        if readers is not None:
+            readers.shutdown(wait=False)
 
     def _let_go(self) -> None:
         """Keep memory bounded: idle conversations beyond the limit are rebuilt when next used."""
@@ -131,7 +178,7 @@ class Conversations:
         entries = [*(e for e in pinned if shown_to_model(e.role, e.turn_type)), *summary,
                    *(e for e in window if shown_to_model(e.role, e.turn_type))]
         report = await context.add(*entries) if entries else None
-        self._keep_summaries(conversation)
+        await self._keep_summaries(conversation)
         return report
 
     @staticmethod
@@ -152,7 +199,7 @@ class Conversations:
                 return [entry], log.entries(limit=after) if after else []
         return [], log.entries(limit=WINDOW_MESSAGES)
 
-    def _keep_summaries(self, conversation: Conversation) -> None:
+    async def _keep_summaries(self, conversation: Conversation) -> None:
         """Archive the summaries the context made since the last call (never fatal)."""
         for entry in conversation.context.entries:
             if entry.kind != "summary" or entry.id in conversation.kept_summaries:
@@ -163,7 +210,7 @@ class Conversations:
                 last = thread_log.turn_of(entry.covers[-1]) if entry.covers else None
                 first = entry.turn or last or 0
                 turns = f"{first}-{last}" if last and last != first else str(first)
-                thread_log.keep_summary(summary_message(
+                await thread_log.keep_summary_async(summary_message(
                     conversation.thread, entry, strategy=conversation.context.strategy,
                     branch=thread_log.branch, turns=turns))
             except (ArchiveError, ValueError) as error:
@@ -205,8 +252,8 @@ class Conversations:
         exclude = {entry.id for entry in conversation.context.entries}
         exclude |= {origin for entry in conversation.context.entries for origin in entry.covers}
         try:
-            found = self.recall.recall(thread, query, k=self.settings.recall_k,
-                                       exclude_ids=exclude)
+            found = await self._read(self.recall.recall, thread, query,
+                                     k=self.settings.recall_k, exclude_ids=exclude)
         except ValueError:
             found = []
         conversation.recalled = found
@@ -225,7 +272,7 @@ class Conversations:
                  "TURN": str(conversation.log.turn_count() + 1)}
         batch = [m.model_copy(update={"extra": {**m.extra, **extra}}) if m.role != "user" else m
                  for m in messages]
-        records = conversation.log.append_turn(batch, checkpoint=True)
+        records = await conversation.log.append_turn_async(batch, checkpoint=True)
         turn = conversation.log.turn_count()
         for record in records if pin else ():
             conversation.log.pin(record.id)
@@ -234,7 +281,7 @@ class Conversations:
                   retention="PRESERVED" if pin else default_retention(r.role, r.text,
                                                                      r.turn_type))
             for r in records if shown_to_model(r.role, r.turn_type)])
-        self._keep_summaries(conversation)
+        await self._keep_summaries(conversation)
         tokens = int(metrics.get("TOKENS_IN", 0) or 0) + int(metrics.get("TOKENS_OUT", 0) or 0)
         reason = conversation.session.count_turn(tokens, max_turns=self.settings.max_turns,
                                                  max_tokens=self.settings.max_tokens)

@@ -4,15 +4,19 @@
 thread from the newest checkpoint and the tail of its file (see `resume`,
 `checkpoint`); such a log is *partial* until something needs more of the graph
 (`_complete` then replays the whole thread once).  Every write goes through
-`_write`, which checks that the entry just before it is the last one this log
-knew of: if not, another process wrote to the thread, and this log writes no
-more checkpoints (a resume would otherwise trust a view that is not the
+`_write` (in the calling thread) or `_write_async` (by the archive's writer
+thread, off the event loop), which apply the records only once they are
+durable, and check that the entry just before the write is the last one this
+log knew of: if not, another process wrote to the thread, and this log writes
+no more checkpoints (a resume would otherwise trust a view that is not the
 file's).  Summary records are written and kept here too.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from functools import partial
 
 from opencortex.conversation.branches import is_control
 from opencortex.conversation.checkpoint import CHECKPOINT, Checkpoint
@@ -20,6 +24,9 @@ from opencortex.conversation.resume import Tail, predecessor, read_tail
 from opencortex.conversation.storedsummaries import StoredSummary, is_summary, stored_summary
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, NewMessage
+from opencortex.memory.writer import Appended, settled
+
+LAND_TIMEOUT = 60.0     # seconds a write waits for this log's write in flight, at most
 
 
 class Resumable:
@@ -76,6 +83,7 @@ class Resumable:
         """Make a partial log whole: replay the thread from the archive."""
         if not self._partial:
             return
+        self._land()
         whole = type(self).load(self.archive, self.thread)
         self.__dict__.update(whole.__dict__)     # its view is the file's: not stale
 
@@ -90,14 +98,57 @@ class Resumable:
         return True
 
     def _write(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
-        """Append MESSAGES in one archive write, then apply them.  When the entry before
-        the write is not the last one this log knew of, another process wrote to the
-        thread: this log's view is not the file's, so it writes no more checkpoints."""
+        """Append MESSAGES in one archive write, in this thread, then apply them."""
+        self._land()
         seen = self._last_seen
         records = self.archive.append(messages)
-        if self._file is not None and not self._stale and records:
-            found, before = predecessor(self._file, records[0].id)
-            self._stale = not found or before != seen
+        if self._file is None or not records:
+            return self._take(seen, Appended(records, {}))
+        found, before = predecessor(self._file, records[0].id)
+        return self._take(seen, Appended(records, {self.thread: before} if found else {}))
+
+    async def _write_async(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
+        """`_write` by the archive's writer thread (a group commit): the event loop does
+        not wait for the disk, and the records are applied once they are durable (even
+        when the awaiting task is cancelled meanwhile).  Callers build MESSAGES from
+        the state after `_landed`."""
+        if not isinstance(self.archive, Archive):
+            return self._write(messages)
+        future = self.archive.submit(messages)
+        take = partial(self._take, self._last_seen)
+        self._in_flight = (future, take)
+        try:
+            return await settled(future, take)
+        finally:
+            if self._in_flight is not None and self._in_flight[0] is future:
+                self._in_flight = None
+
+    async def _landed(self) -> None:
+        """Wait until no write of this log is in flight (another task's: a command
+        beside a turn), so the next write starts from the state after it."""
+        while self._in_flight is not None:
+            await asyncio.wait([asyncio.wrap_future(self._in_flight[0])])
+            self._land()
+
+    def _land(self) -> None:
+        """Apply this log's write in flight first (waiting for it, bounded): writes reach
+        memory in the order they reach the file.  Applying twice changes nothing."""
+        if self._in_flight is None:
+            return
+        (future, take), self._in_flight = self._in_flight, None
+        try:
+            take(future.result(timeout=LAND_TIMEOUT))
+        except Exception:       # it failed (its turn reports that) or hangs
+            pass
+
+    def _take(self, seen: str | None, appended: Appended) -> list[MessageRecord]:
+        """Apply the records of a write made when SEEN was the newest entry applied.  When
+        the entry before the write is another, another process wrote to the thread:
+        this log's view is not the file's, so it writes no more checkpoints."""
+        records = appended.records
+        if self._file is not None and records and (
+                self.thread not in appended.before or appended.before[self.thread] != seen):
+            self._stale = True
         for record in records:
             self._apply(record)
         return records
@@ -118,6 +169,15 @@ class Resumable:
 
     def keep_summary(self, message: NewMessage) -> MessageRecord:
         """Archive MESSAGE, a summary record (see `storedsummaries`), in a write of its own."""
+        self._check_summary(message)
+        return self._write([message])[0]
+
+    async def keep_summary_async(self, message: NewMessage) -> MessageRecord:
+        """`keep_summary` by the archive's writer thread."""
+        self._check_summary(message)
+        await self._landed()
+        return (await self._write_async([message]))[0]
+
+    def _check_summary(self, message: NewMessage) -> None:
         if not is_summary(message) or message.thread != self.thread:
             raise ValueError("keep_summary takes a summary record of this thread")
-        return self._write([message])[0]

@@ -75,6 +75,7 @@ class ThreadLog(Resumable, BranchOps):
         self._rooted = True                              # _path starts at the branch's root
         self._off_path: set[str] = set()                 # partial: loaded, known off the branch
         self._stale = False                              # another writer was noticed
+        self._in_flight: tuple | None = None             # (future, apply) of a pending write
         self._file = archive.thread_file(self.thread) if isinstance(archive, Archive) else None
 
     @classmethod
@@ -326,6 +327,17 @@ class ThreadLog(Resumable, BranchOps):
         With CHECKPOINT, the last reply of the turn carries the log's state before
         the write (see `checkpoint`), so a restart can resume from the file's tail.
         """
+        return self._write(self._chained(messages, checkpoint))
+
+    async def append_turn_async(self, messages: Sequence[NewMessage], *,
+                                checkpoint: bool = False) -> list[MessageRecord]:
+        """`append_turn` written by the archive's writer thread, in a group commit: the
+        log takes the records (and the head moves) once they are durable."""
+        await self._landed()
+        return await self._write_async(self._chained(messages, checkpoint))
+
+    def _chained(self, messages: Sequence[NewMessage], checkpoint: bool) -> list[NewMessage]:
+        """MESSAGES checked and linked after the head, the checkpoint on the last reply."""
         batch = list(messages)
         if not batch:
             raise ValueError("a turn needs at least one message")
@@ -343,4 +355,4 @@ class ThreadLog(Resumable, BranchOps):
         if state:
             last = chained[replies[-1]]
             chained[replies[-1]] = last.model_copy(update={"extra": {**last.extra, **state}})
-        return self._write(chained)
+        return chained

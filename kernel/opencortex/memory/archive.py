@@ -18,11 +18,14 @@ mid-write: a torn entry, or fewer than N entries), the whole write is moved to
 PARENT of the new messages.  Readers never see an incomplete write (see
 `completeness`).  So the cost of an append does not grow with the size of
 memory, and two processes appending to the same file stay safe.  Readers take
-a shared `flock`.
+a shared `flock`.  The kernel does not write on its event loop: it submits
+appends to one writer thread, which commits the appends that wait together
+(one write and one fsync per file, one index transaction; see `writer`).
 
 The index remembers how many bytes of each file it has seen; on open it reads
 only what grew since (and rereads a file that shrank).  After editing archive
-files by hand, call `reindex()`.
+files by hand, call `reindex()`.  Searches read through a connection of their
+own, so they do not wait for the writer's files and fsyncs.
 """
 
 from __future__ import annotations
@@ -31,23 +34,25 @@ import hashlib
 import logging
 import os
 import re
+import sqlite3
 import threading
 import time
-import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
 from urllib.parse import quote
 
 from opencortex.events import Thread
 from opencortex.memory.index import MessageIndex
 from opencortex.memory.partitions import DEFAULT_TOKENIZER, Partition
+from opencortex.memory.readers import Readers
 from opencortex.memory.completeness import parse_thread_file
-from opencortex.memory.orgformat import Part, read_header_chat_id, render_entry, render_header
+from opencortex.memory.orgformat import read_header_chat_id
 from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit,
                                        check_thread, check_unicode)
-from opencortex.memory.threadfile import (ArchiveError, locked, read_range, settle_tail,
-                                          sync_directory, truncate_quietly, write_all)
+from opencortex.memory.threadfile import ArchiveError, locked, read_range, settle_tail
+from opencortex.memory.writer import Appended, GroupWriter, Job, plan, write_files
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +61,6 @@ MAX_NAME = 180               # bytes of a file name before it is shortened with 
 HEADER_BYTES = 1 << 16       # bytes read to find a file's #+CHAT_ID: header
 MAX_HITS = 1000              # most search hits returned at once
 MESSAGE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}")   # an id given to `append`
-
-
-class _Written(NamedTuple):
-    file: str                                     # path relative to the archive root
-    start: int                                    # file size before the write
-    end: int                                      # file size after it
-    entries: list[tuple[int, MessageRecord]]      # (offset, record) in file order
 
 
 def safe_name(chat_id: str) -> str:
@@ -97,6 +95,8 @@ class Archive:
         self.root = Path(root)
         self.read_only = read_only
         self._lock = threading.RLock()
+        self._writer = GroupWriter(self._commit)
+        self._readers: Readers | None = None         # the connections searches read through
         if read_only:
             self._index = MessageIndex(Path(":memory:"), tokenizer=tokenizer)
             with self._lock:
@@ -104,6 +104,8 @@ class Archive:
             return
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._index = MessageIndex(self.root / INDEX_NAME, tokenizer=tokenizer)
+        self._readers = Readers(self.root / INDEX_NAME, tokenizer,
+                                lambda: self._index.generation)
         self.repair()
 
     def __enter__(self) -> Archive:
@@ -113,9 +115,14 @@ class Archive:
         self.close()
 
     def close(self) -> None:
-        """Close the index (the org files are closed after every operation)."""
-        with self._lock:
-            self._index.close()
+        """Write what was submitted (waiting a bounded time), stop the writer thread, and
+        close the index (the org files are closed after every operation)."""
+        stopped = self._writer.close()
+        if self._readers is not None:
+            self._readers.close()
+        if stopped:       # else a write still hangs (a stuck disk): it keeps the index
+            with self._lock:
+                self._index.close()
 
     @property
     def lock(self) -> threading.RLock:
@@ -161,10 +168,12 @@ class Archive:
                ids: Sequence[str] | None = None) -> list[MessageRecord]:
         """Store MESSAGES (one turn) and return their records, in the given order.
 
-        Per thread: one locked, fsynced write.  A message's PARENT is, by default
-        ("auto"), the message before it in the batch, or for the first one the
-        last complete entry of the file; an explicit id must name a message
-        already in the same thread (ValueError otherwise, and nothing is written).
+        Per thread: one locked, fsynced write, made in the calling thread (imports,
+        the CLI; the kernel, on its loop, uses `submit`).  A message's PARENT is, by
+        default ("auto"), the message
+        before it in the batch, or for the first one the last complete entry of the
+        file; an explicit id must name a message already in the same thread
+        (ValueError otherwise, and nothing is written).
 
         Every message is validated again first, so one that cannot be stored
         (text with an unpaired surrogate, say, in a message built without
@@ -173,45 +182,75 @@ class Archive:
         IDS (imports, see `importer`): each message's id instead of a new random
         one; ids must be distinct and not yet in the archive (ValueError otherwise).
         """
+        return self.write(messages, ids=ids).records
+
+    def write(self, messages: Sequence[NewMessage], *,
+              ids: Sequence[str] | None = None) -> Appended:
+        """`append`, also telling per thread which entry the write follows."""
+        job = self._job(messages, ids)
+        self._commit([job])
+        return job.result()
+
+    def submit(self, messages: Sequence[NewMessage], *,
+               ids: Sequence[str] | None = None) -> Future:
+        """`write` done by the writer thread, in a group commit with the appends submitted
+        meanwhile: a future that resolves to the `Appended` once it is durable (written,
+        fsynced, indexed), or fails with ArchiveError or ValueError.  Invalid messages
+        raise at once."""
+        return self._writer.submit(self._job(messages, ids))
+
+    @property
+    def batches(self) -> int:
+        """How many group commits the writer thread made (for tests and benchmarks)."""
+        return self._writer.batches
+
+    def _job(self, messages: Sequence[NewMessage], ids: Sequence[str] | None) -> Job:
+        """MESSAGES validated as one append (ValueError, or ArchiveError when read-only)."""
         if self.read_only:
             raise ArchiveError(f"the archive at {self.root} is open read-only; nothing "
                                "can be saved (make the home writable, or use another --home)")
         batch = [NewMessage.model_validate(m) for m in messages]
-        by_thread: dict[Thread, list[int]] = {}
-        for position, message in enumerate(batch):
-            by_thread.setdefault(message.thread, []).append(position)
-        records: list[MessageRecord | None] = [None] * len(batch)
-        now = time.time()
+        if ids is not None and (len(ids) != len(batch) or len(set(ids)) != len(ids) or not all(
+                isinstance(id_, str) and MESSAGE_ID.fullmatch(id_) for id_ in ids)):
+            raise ValueError(f"ids must be {len(batch)} distinct ids, one per message, each "
+                             "1-128 letters, digits, '.', '_' or '-'")
+        return Job(batch, list(ids) if ids is not None else [None] * len(batch), time.time())
+
+    def _commit(self, jobs: list[Job]) -> None:
+        """Check, write and index JOBS together (see `writer`); each gets its outcome."""
         with self._lock:
-            chosen = self._check_ids(ids, len(batch))
-            for message in batch:
-                if message.parent is not None and message.parent != "auto":
+            claimed: dict[str, Thread] = {}      # ids written by earlier jobs of the batch
+            ready = [job for job in jobs if self._checked(job, claimed)]
+            written = write_files(plan(ready, self.thread_file, self._name))
+            if not written:
+                return
+            try:
+                self._index.add_writes((w.file, w.start, w.end, w.entries) for w in written)
+            except sqlite3.Error as error:     # the files hold it: the next catch-up indexes it
+                log.error("could not index %d write(s) (%s); they are indexed when the files "
+                          "are next read", len(written), type(error).__name__)
+
+    def _checked(self, job: Job, claimed: dict[str, Thread]) -> bool:
+        """Whether JOB's ids and explicit parents are acceptable (it fails otherwise)."""
+        try:
+            given = [id_ for id_ in job.ids if id_ is not None]
+            if known := self.known_ids(given) | (set(given) & claimed.keys()):
+                raise ValueError(f"{len(known)} of the ids are already in the archive")
+            for message in job.messages:
+                if message.parent is not None and message.parent != "auto" and \
+                        claimed.get(message.parent) != message.thread:
                     self._check_parent(message.thread, message.parent)
-            for thread, positions in by_thread.items():
-                written = self._append_thread(thread, [batch[p] for p in positions], now,
-                                              [chosen[p] for p in positions])
-                self._index.add((written.file, offset, rec) for offset, rec in written.entries)
-                self._index.set_file_size(written.file, written.end, previous=written.start)
-                for position, (_, rec) in zip(positions, written.entries, strict=True):
-                    records[position] = rec
-        return records
+        except ValueError as error:
+            job.fail(error)
+            return False
+        claimed.update((id_, message.thread) for id_, message in zip(job.ids, job.messages)
+                       if id_ is not None)
+        return True
 
     def known_ids(self, ids: Iterable[str]) -> set[str]:
         """Which of IDS name messages already in the archive (looked up in the index)."""
         with self._lock:
             return {id_ for id_ in ids if self._index.thread_of(id_) is not None}
-
-    def _check_ids(self, ids: Sequence[str] | None, count: int) -> list[str | None]:
-        """The id of each of COUNT messages: None (a new random one) or the given one."""
-        if ids is None:
-            return [None] * count
-        if len(ids) != count or len(set(ids)) != count or not all(
-                isinstance(id_, str) and MESSAGE_ID.fullmatch(id_) for id_ in ids):
-            raise ValueError(f"ids must be {count} distinct ids, one per message, each "
-                             "1-128 letters, digits, '.', '_' or '-'")
-        if known := self.known_ids(ids):
-            raise ValueError(f"{len(known)} of the ids are already in the archive")
-        return list(ids)
 
     def _check_parent(self, thread: Thread, parent: str) -> None:
         """Refuse an explicit PARENT that is not a message of THREAD (looked up in the index)."""
@@ -225,45 +264,6 @@ class Archive:
             where = "is not in the archive" if found is None else "belongs to another thread"
             raise ValueError(f"parent {parent!r} {where}; a message's parent must be an "
                              f"earlier message of the same thread ({thread})")
-
-    def _append_thread(self, thread: Thread, messages: list[NewMessage], now: float,
-                       ids: list[str | None]) -> _Written:
-        path = self.thread_file(thread)
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        name = self._name(path)
-        with locked(path, exclusive=True, create=True) as fd:
-            size, parent, _ = settle_tail(fd, path, name)
-            header = render_header(thread).encode("utf-8") if size == 0 else b""
-            records, chunks = [], []
-            for number, (message, id_) in enumerate(zip(messages, ids, strict=True), start=1):
-                if message.parent != "auto":
-                    parent = message.parent
-                record = MessageRecord(
-                    id=id_ or str(uuid.uuid4()), role=message.role, text=message.text,
-                    channel=thread.channel, chat_id=thread.chat_id, sender=message.sender,
-                    timestamp=now if message.timestamp is None else message.timestamp,
-                    parent=parent, turn_type=message.turn_type, extra=dict(message.extra))
-                records.append(record)
-                chunks.append(render_entry(record, Part(number, len(messages))).encode("utf-8"))
-                parent = record.id
-            blob = header + b"".join(chunks)
-            try:
-                write_all(fd, blob)
-                os.fsync(fd)
-            except OSError as error:
-                truncate_quietly(fd, size)
-                raise ArchiveError(
-                    f"could not save {len(messages)} message(s) to {name}: {error.strerror or error}; "
-                    "free disk space or fix permissions, then retry") from error
-            end = os.fstat(fd).st_size
-        if size == 0:
-            sync_directory(path.parent)
-        log.debug("appended %d message(s), %d bytes, to %s", len(records), len(blob), name)
-        offset, entries = end - len(blob) + len(header), []
-        for record, chunk in zip(records, chunks, strict=True):
-            entries.append((offset, record))
-            offset += len(chunk)
-        return _Written(name, end - len(blob), end, entries)
 
     # -- reading -----------------------------------------------------------
 
@@ -311,15 +311,26 @@ class Archive:
         if isinstance(exclude_ids, str):
             raise TypeError("exclude_ids must be a collection of ids, not one string")
         limit = min(_check_limit(limit), MAX_HITS)
-        with self._lock:
-            if not limit:
-                return []
-            return self._index.search(query, scope, limit, exclude_ids, window)
+        if not limit:
+            return []
+        with self._reading() as index:
+            return index.search(query, scope, limit, exclude_ids, window)
 
     def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
         """The messages just before and after MESSAGE_ID in its thread (None: none)."""
-        with self._lock:
-            return self._index.neighbours(message_id)
+        with self._reading() as index:
+            return index.neighbours(message_id)
+
+    @contextmanager
+    def _reading(self) -> Iterator[MessageIndex]:
+        """The index searches read: this thread's own connection, which waits neither
+        for the writer nor for other readers (WAL); for an in-memory index, the one."""
+        if self._readers is None:
+            with self._lock:
+                yield self._index
+        else:
+            with self._readers.reading() as index:
+                yield index
 
     def read_thread(self, thread: Thread) -> list[MessageRecord]:
         """Every complete message of THREAD, parsed from its org file with orgparse."""

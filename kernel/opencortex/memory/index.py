@@ -78,14 +78,18 @@ def _record(row: Sequence) -> dict:
 class MessageIndex:
     """History and search over the archive, stored in one SQLite file (WAL mode)."""
 
-    def __init__(self, path: Path, *, tokenizer: str = DEFAULT_TOKENIZER):
+    def __init__(self, path: Path, *, tokenizer: str = DEFAULT_TOKENIZER,
+                 reader: bool = False):
         """The index at PATH, opened by its first use (see `_db`).
 
         TOKENIZER: "porter" (English stemming) or "unicode61"; an index made
         with another one is emptied.  The archive then fills an empty index
-        from the org files.
+        from the org files.  A READER connection only reads an index another
+        connection made (it never creates, empties or deletes it).
         """
         self.path = Path(path)
+        self.reader = reader
+        self.generation = 0      # moves on when tables are dropped, emptied or moved
         self._common: set[tuple[str, str]] = set()   # (table, phrase) known to be very common
         self._partitions = Partitions(tokenizer)      # attached to the connection on open
         self._connection: sqlite3.Connection | None = None
@@ -101,6 +105,8 @@ class MessageIndex:
                 try:
                     db = self._open()
                 except sqlite3.DatabaseError as error:
+                    if self.reader:
+                        raise
                     log.warning("index %s is unreadable (%s); rebuilding it", self.path,
                                 type(error).__name__)
                     self._remove_files()
@@ -119,6 +125,9 @@ class MessageIndex:
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        if self.reader:
+            db.execute("PRAGMA query_only = ON")
+            return db
         try:
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")
@@ -160,7 +169,14 @@ class MessageIndex:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        self.forget_caches()
+
+    def forget_caches(self) -> None:
+        """Drop what is remembered about tables and common words (after another
+        connection recreated or moved tables)."""
         self._partitions.forget_cache()
+        self._common.clear()
+        self.generation += 1
 
     def _remove_files(self) -> None:
         for suffix in ("", "-wal", "-shm"):
@@ -169,7 +185,6 @@ class MessageIndex:
     def clear(self) -> None:
         """Drop every indexed message and file size (the schema is recreated)."""
         self._create(self._db, force=True)
-        self._common.clear()
 
     def close(self) -> None:
         """Close the connection (if it was ever opened); the index is unusable after."""
@@ -188,7 +203,7 @@ class MessageIndex:
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
-            self._parts.forget_cache()
+            self.forget_caches()
             raise
 
     def set_partition(self, partition: Partition) -> int:
@@ -198,7 +213,7 @@ class MessageIndex:
         moves = self._parts.moves(partition)
         if moves:
             self._write(lambda: [self._parts.move(thread, part) for thread, part in moves])
-            self._common.clear()
+            self.forget_caches()
             log.info("index: %d thread(s) moved to another owner's table", len(moves))
         return len(moves)
 
@@ -211,21 +226,36 @@ class MessageIndex:
 
         def work() -> None:
             nonlocal added
-            for file, offset, rec in entries:
-                cursor = self._db.execute(
-                    f"INSERT OR IGNORE INTO messages ({_COLUMNS}, file, offset) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (rec.id, rec.role, rec.text, rec.channel, rec.chat_id, rec.sender,
-                     rec.timestamp, rec.parent, rec.turn_type,
-                     json.dumps(rec.extra, sort_keys=True), file, offset))
-                if cursor.rowcount == 1:
-                    if not is_control(rec.extra):
-                        table = self._parts.table_of(rec.thread)
-                        self._db.execute(
-                            f"INSERT INTO {table} (rowid, text, thread) VALUES (?, ?, ?)",
-                            (cursor.lastrowid, rec.text, thread_token(rec.thread)))
-                    added += 1
+            added = self._insert(entries)
         self._write(work)
+        return added
+
+    def add_writes(self, writes: Iterable[tuple[str, int, int, list]]) -> None:
+        """Index WRITES (file, size before, size after, (offset, record) pairs) in ONE
+        transaction, moving each file's indexed size on (see `set_file_size`)."""
+        def work() -> None:
+            for file, start, end, entries in writes:
+                self._insert((file, offset, record) for offset, record in entries)
+                self.set_file_size(file, end, previous=start)
+        self._write(work)
+
+    def _insert(self, entries: Iterable[tuple[str, int, MessageRecord]]) -> int:
+        """Insert ENTRIES (inside a transaction); how many were new."""
+        added = 0
+        for file, offset, rec in entries:
+            cursor = self._db.execute(
+                f"INSERT OR IGNORE INTO messages ({_COLUMNS}, file, offset) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (rec.id, rec.role, rec.text, rec.channel, rec.chat_id, rec.sender,
+                 rec.timestamp, rec.parent, rec.turn_type,
+                 json.dumps(rec.extra, sort_keys=True), file, offset))
+            if cursor.rowcount == 1:
+                if not is_control(rec.extra):
+                    table = self._parts.table_of(rec.thread)
+                    self._db.execute(
+                        f"INSERT INTO {table} (rowid, text, thread) VALUES (?, ?, ?)",
+                        (cursor.lastrowid, rec.text, thread_token(rec.thread)))
+                added += 1
         return added
 
     def forget_file(self, file: str) -> None:
@@ -236,6 +266,7 @@ class MessageIndex:
             self._db.execute("DELETE FROM files WHERE path = ?", (file,))
         self._write(work)
         self._common.clear()
+        self.generation += 1      # a reader's cache of common words may be wrong now
 
     def file_sizes(self) -> dict[str, int]:
         """For each known org file, how many of its bytes are indexed."""
