@@ -7,9 +7,10 @@ configuration, which imports `opencortex.llm.settings`, loads no backend, and
 
 from __future__ import annotations
 
-import importlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from opencortex.lazy import lazy_exports
 
 if TYPE_CHECKING:  # config.py imports llm.settings: no import of config at run time
     from opencortex.config import Config
@@ -25,13 +26,7 @@ _LAZY = {**dict.fromkeys(["Backend", "LLMError", "PromptMessage", "PromptRequest
          "ScriptBackend": "script", "LLMSettings": "settings"}
 
 
-def __getattr__(name: str) -> Any:
-    """An exported name, from its module (loaded now if it was not yet)."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 __all__ = ["Backend", "LLMError", "PromptMessage", "PromptRequest", "ReplyAddress", "Usage",
            "EchoBackend", "EchoFallback", "ScriptBackend", "LLMSettings", "make_backend",

@@ -7,8 +7,9 @@ the archive nor the index, and `opencortex serve` prints its port line sooner.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from opencortex.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from opencortex.memory.archive import Archive, ArchiveError, safe_name
@@ -30,10 +31,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """An exported name, from its module (loaded now if it was not yet)."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
