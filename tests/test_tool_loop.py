@@ -269,3 +269,22 @@ def test_a_used_up_token_budget_stops_the_loop_before_the_next_step(home):
     result = run(kernel.handle(chat_message("time?")))
     assert result.status == "failed" and result.steps == []
     assert "the token budget is used up" in printed[-1]
+
+
+def test_a_call_that_no_longer_fits_its_tool_fails_the_step_not_the_turn(home):
+    """Arguments are checked again when the step runs (a reload may have changed the
+    tool since judging): a misfit is the step's failure, told to the model."""
+    checks = []
+
+    def check(args):
+        checks.append(args)
+        if len(checks) > 1:
+            raise ValueError("the schema changed")
+        return dict(args)
+    tool = Tool("changing", "Changes.", NoArguments, lambda a, c: "ran", check=check,
+                call_form="")
+    call = '(:type :REQUEST :target :tool :action :call :tool "changing")'
+    kernel, backend, _, _ = kernel_with(home, call, say("sorry"), tools=(tool,))
+    result = run(kernel.handle(chat_message("go")))
+    assert result.text == "sorry" and result.steps[0].outcome == "failed"
+    assert "bad arguments: the schema changed" in backend.requests[1].messages[-1].content

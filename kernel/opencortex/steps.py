@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from opencortex.actions import ShellCommand, ToolCall
 from opencortex.actuation import Actuation
 from opencortex.actuators import ActuatorError
-from opencortex.actuators.tool import ToolActuator
+from opencortex.actuators.tool import BoundCall, ToolActuator
 from opencortex.approvals import ApprovalDecision
 from opencortex.events import Event
 from opencortex.excerpt import clip
@@ -170,54 +170,60 @@ class StepRunner:
                               can_ask: bool) -> tuple[str, str]:
         action = verdict.action
         assert action is not None
+        call = None
+        if isinstance(action, ToolCall):
+            try:   # checked once: the tool may have gone with a reload since judging
+                call = self.tools.bind(action, event)
+            except ActuatorError as error:
+                return "failed", str(error)
         reason = verdict.approval_reason if verdict.status == "needs-approval" else None
-        if reason is None and isinstance(action, ToolCall):
-            reason = self.tools.needs_approval(action, event)
+        if reason is None and call is not None:
+            reason = call.needs_approval()
         decision = None
         if reason is not None:
             approver = self.actuation.approvers.get(event.channel)
             if approver is None or not can_ask:
                 return "denied", ("denied: this needs the owner's approval and this channel "
                                   "cannot ask the owner")
-            decision = await self._ask(event, action, result, approver)
+            decision = await self._ask(event, action, call, result, approver)
             if not decision.approved:
                 return "not approved", {"denied": "denied by the owner",
                                         "timed-out": "the owner did not answer in time",
                                         }.get(decision.how, f"not approved ({decision.how})")
-        return await self._carry_out(event, action, decision)
+        return await self._carry_out(action, call, decision)
 
-    async def _ask(self, event: Event, action, result: TurnResult, approver) -> ApprovalDecision:
+    async def _ask(self, event: Event, action, call: BoundCall | None, result: TurnResult,
+                   approver) -> ApprovalDecision:
         preview = ""
-        if isinstance(action, ToolCall):
+        if call is not None:
             try:
-                preview = await self.tools.preview(action, event)
+                preview = await call.preview()
             except ActuatorError as error:
                 preview = f"(the change cannot be shown: {error})"
         request = self.actuation.approval_request(event, action, result.skill, preview=preview)
         return await self.actuation.ask(approver, request)
 
-    async def _carry_out(self, event: Event, action, decision: ApprovalDecision | None
-                         ) -> tuple[str, str]:
+    async def _carry_out(self, action, call: BoundCall | None,
+                         decision: ApprovalDecision | None) -> tuple[str, str]:
         """Run the step to its end even when the turn is cancelled meanwhile (then raise
         _Interrupted carrying its result, so that it is recorded)."""
-        running = asyncio.ensure_future(self._execute(event, action, decision))
+        running = asyncio.ensure_future(self._execute(action, call, decision))
         try:
             return await asyncio.shield(running)
         except asyncio.CancelledError:
             _, text = await running
             raise _Interrupted(text) from None
 
-    async def _execute(self, event: Event, action, decision: ApprovalDecision | None
-                       ) -> tuple[str, str]:
+    async def _execute(self, action, call: BoundCall | None,
+                       decision: ApprovalDecision | None) -> tuple[str, str]:
         try:
-            if isinstance(action, ShellCommand):
-                shell = self.actuation.shell()
-                if shell is None:
-                    return "failed", "this kernel has no shell actuator"
-                assert decision is not None   # the policy never lets a command run unasked
-                return "done", (await shell.run_approved(action, decision)).result or ""
-            outcome = await self.tools.carry_out(action, event)
-            return "done", outcome.result or ""
+            if call is not None:
+                return "done", await call.run()
+            shell = self.actuation.shell()
+            if shell is None:
+                return "failed", "this kernel has no shell actuator"
+            assert decision is not None   # the policy never lets a command run unasked
+            return "done", (await shell.run_approved(action, decision)).result or ""
         except ActuatorError as error:
             log.info("step failed: %s", type(error).__name__)
             return "failed", str(error)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from opencortex.actions import Action, ToolCall
@@ -40,7 +41,9 @@ class ToolActuator(Actuator):
         return ToolContext(event=event, settings=self.settings, memory=memory,
                            emacs=self.emacs())
 
-    def _resolve(self, action: Action) -> tuple[Tool, Any]:
+    def bind(self, action: Action, event: Event) -> "BoundCall":
+        """ACTION's tool with its arguments checked and the context it runs in for EVENT
+        (ActuatorError when the tool is gone or the arguments do not fit it)."""
         if not isinstance(action, ToolCall):
             raise ActuatorError(f"the tool actuator cannot carry out {type(action).__name__}")
         tool = self.tools.get(action.tool)
@@ -48,40 +51,53 @@ class ToolActuator(Actuator):
             raise ActuatorError(f"tool {action.tool!r} is not registered")
         if tool.check is not None:   # a schema-checked tool (MCP) takes the checked dict
             try:
-                return tool, tool.check(action.args)
+                args = tool.check(action.args)
             except ValueError as error:
                 raise ActuatorError(f"tool {action.tool!r}: bad arguments: {error}") from None
-        return tool, tool.arguments.model_validate(
-            {k.replace("-", "_"): v for k, v in action.args.items()})
+        else:
+            args = tool.arguments.model_validate(
+                {k.replace("-", "_"): v for k, v in action.args.items()})
+        return BoundCall(tool, args, self.context_for(event), self.settings.timeout)
 
-    def needs_approval(self, action: ToolCall, event: Event) -> str | None:
+    async def carry_out(self, action: Action, event: Event) -> Outcome:
+        return Outcome(result=await self.bind(action, event).run())
+
+
+@dataclass(frozen=True)
+class BoundCall:
+    """One checked call of a tool, with its context: asked about, previewed, run."""
+
+    tool: Tool
+    args: Any
+    ctx: ToolContext
+    timeout: float
+
+    def needs_approval(self) -> str | None:
         """The tool's own reason why this call must be asked about, or None."""
-        tool, args = self._resolve(action)
-        if tool.needs_approval is None:
+        if self.tool.needs_approval is None:
             return None
         try:
-            reason = tool.needs_approval(args, self.context_for(event))
+            reason = self.tool.needs_approval(self.args, self.ctx)
         except Exception as error:   # a broken hook asks rather than lets through
             return f"the tool's approval check failed ({type(error).__name__})"
         return str(reason) if reason else None
 
-    async def preview(self, action: ToolCall, event: Event) -> str:
+    async def preview(self) -> str:
         """What the call would change, in the tool's words (empty when it says nothing)."""
-        tool, args = self._resolve(action)
-        if tool.preview is None:
+        if self.tool.preview is None:
             return ""
-        return str(await self._bounded(tool, tool.preview, args, event))
+        return str(await self._bounded(self.tool.preview))
 
-    async def carry_out(self, action: Action, event: Event) -> Outcome:
-        tool, args = self._resolve(action)
-        return Outcome(result=str(await self._bounded(tool, tool.run, args, event)))
+    async def run(self) -> str:
+        """The tool's result."""
+        return str(await self._bounded(self.tool.run))
 
-    async def _bounded(self, tool: Tool, function: Callable, args: Any, event: Event) -> Any:
+    async def _bounded(self, function: Callable) -> Any:
         """FUNCTION(args, ctx), awaited if it returns an awaitable, within the timeout."""
-        limit = self.settings.timeout
+        tool, limit = self.tool, self.timeout
         try:
             async with asyncio.timeout(limit):
-                value = function(args, self.context_for(event))
+                value = function(self.args, self.ctx)
                 if inspect.isawaitable(value):
                     value = await value
                 return value
