@@ -14,7 +14,8 @@ and they skew whole-archive word statistics.
 Figures: R@5 and R@10 (a question counts when a message holding its answer
 is among the first 5 / 10 recalled) overall and per question kind, recall
 latency p50 / p95; without --quick also the same at 100k messages of one
-owner, the first load of a 100k-turn thread, and the import rate.
+owner, the first load of a 100k-turn thread (as written, and with the checkpoint
+`memory import` leaves), and the import rate.
 
 With --embedder SPEC (a `[memory.embeddings] model`: "python:module:function"
 or "sentence-transformers:/local/dir"), every message of the owner is
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from memory_eval_data import Dataset, Turn, generate  # noqa: E402
 
-from opencortex.conversation.conversations import Conversations  # noqa: E402
+from opencortex.conversation.conversations import Conversations, checkpoint_threads  # noqa: E402
 from opencortex.conversation.dense import DenseRecall  # noqa: E402
 from opencortex.conversation.recall import SETTLE_NS  # noqa: E402
 from opencortex.conversation.settings import ConversationSettings  # noqa: E402
@@ -186,7 +187,15 @@ def main() -> None:
                 evaluate(fused(archive, settings, args.embedder), data, ids,
                          f"at {args.scale:,} messages, fused with {args.embedder}")
         seconds = asyncio.run(first_load(root, settings))
-        print(f"first load of a {args.scale - owner:,}-message thread: {seconds:.2f} s")
+        print(f"first load of a {args.scale - owner:,}-message thread written without "
+              f"checkpoints: {seconds:.2f} s")
+        with Archive(root) as archive:
+            started = time.perf_counter()
+            checkpoint_threads(archive, [BIG])
+            sealing = time.perf_counter() - started
+        seconds = asyncio.run(first_load(root, settings))
+        print(f"  with the checkpoint `memory import` writes at its end (took {sealing:.2f} s): "
+              f"{seconds:.3f} s")
 
 
 if __name__ == "__main__":

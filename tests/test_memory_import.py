@@ -298,6 +298,31 @@ def test_cli_imports_then_says_nothing_is_new(home, tmp_path):
     assert [h["timestamp"] for h in hits] == [EPOCH_2021]
 
 
+def test_cli_leaves_each_imported_thread_a_checkpoint_to_resume_from(home, tmp_path):
+    from opencortex.config import load_config
+    from opencortex.conversation.checkpoint import CHECKPOINT
+    from opencortex.conversation.threadlog import ThreadLog
+    lines = [line(thread=f"telegram:{chat}", role=role, text=f"{chat} {n} {role}")
+             for chat in (42, 43) for n in range(250) for role in ("user", "assistant")]
+    source = write(tmp_path / "h.jsonl", *lines)
+    assert oc(home, "memory", "import", str(source)).returncode == 0
+    assert oc(home, "memory", "import", str(source)).returncode == 0      # nothing new
+    with Archive(load_config(home).memory_dir) as archive:
+        for chat in (42, 43):
+            thread = Thread("telegram", str(chat))
+            records = archive.thread_records(thread)
+            checkpoints = [r for r in records if CHECKPOINT in r.extra]
+            assert len(checkpoints) == 1 and checkpoints[0] is records[-1]
+            resumed = ThreadLog.resume(archive, thread, window=10)
+            assert resumed._partial and resumed.turn_count() == 250
+            assert [e.text for e in resumed.entries(limit=1)] == [f"{chat} 249 assistant"]
+    short = write(tmp_path / "short.jsonl", line(thread="telegram:44", text="a"),
+                  line(thread="telegram:44", text="b"))
+    assert oc(home, "memory", "import", str(short)).returncode == 0
+    with Archive(load_config(home).memory_dir) as archive:      # read whole at no cost
+        assert [r.role for r in archive.read_thread(Thread("telegram", "44"))] == ["user"] * 2
+
+
 def test_cli_telegram_options_and_a_missing_file(home, tmp_path):
     source = tmp_path / "result.json"
     source.write_text(json.dumps(export(tg(1, "hello"), tg(2, "hi", sender="Bot",

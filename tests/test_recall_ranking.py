@@ -13,6 +13,7 @@ from opencortex.conversation.recall import Recall
 from opencortex.conversation.recalldates import date_hint
 from opencortex.events import Thread
 from opencortex.memory import Archive
+from opencortex.memory import index as index_module
 from opencortex.memory.query import query_words
 
 from test_recall import archive, say  # noqa: F401  (archive: a fixture)
@@ -157,3 +158,40 @@ def test_no_date_and_may_as_a_verb_give_no_window():
     assert date_hint("what instrument is she learning", now).window is None
     assert date_hint("I may go", now).window is None
     assert date_hint("where does she live now", now).recent
+
+
+def test_a_word_in_half_the_owners_messages_is_not_matched_while_a_rarer_one_is(
+        archive, monkeypatch):
+    # BM25 gives such a word no weight (its idf is clamped to ~0): matching it would only
+    # cost time, ranking every message that holds it.
+    monkeypatch.setattr(index_module, "WEIGHTLESS_FLOOR", 10)
+    archive.append([say(f"meeting notes {i}", CLI) for i in range(30)])
+    [answer] = archive.append([say("the okapi meeting moved to friday", CLI)])
+    archive.append([say(f"okapi {i}", ALICE) for i in range(50)])    # another owner's table
+    hits = archive.search("okapi meeting", thread=CLI, limit=10)
+    assert [h.id for h in hits] == [answer.id] and hits[0].snippet.startswith("the [okapi]")
+    assert len(archive.search("meeting okapi", thread=CLI, limit=40)) == 1
+    newest = archive.search("meeting", thread=CLI, limit=3)     # nothing rarer: the newest
+    assert [h.text for h in newest] == [answer.text, "meeting notes 29", "meeting notes 28"]
+    monkeypatch.setattr(index_module, "WEIGHTLESS_FLOOR", 200)    # 31 messages: all ranked
+    ranked = archive.search("okapi meeting", thread=CLI, limit=40)
+    assert ranked[0].id == answer.id and len(ranked) == 31
+
+
+def test_recall_leaves_snippets_to_explain(archive):
+    archive.append([say("the walrus sings at dawn", CLI), say("small talk", CLI)])
+    assert [h.snippet for h in archive.search("walrus", thread=CLI, snippets=False)] == [""]
+    recall = Recall(archive, {})
+    assert recall.hits(CLI, "walrus")[0][0].snippet == ""
+    assert "matched: walrus" in recall.explain(CLI, "walrus")
+
+
+def test_the_owners_message_count_is_not_trusted_once_a_word_outnumbers_it(
+        archive, monkeypatch):
+    monkeypatch.setattr(index_module, "WEIGHTLESS_FLOOR", 1)
+    archive.append([say(f"alpha {i}", CLI) for i in range(4)])
+    assert len(archive.search("alpha", thread=CLI)) == 4          # 4 messages, counted
+    archive.append([say(f"gamma {i}", CLI) for i in range(30)])
+    archive.append([say(f"beta {i}", CLI) for i in range(100)])
+    hits = archive.search("gamma beta", thread=CLI, limit=50)    # gamma: 30 of 134, ranked
+    assert len(hits) == 30 and all(h.text.startswith("gamma") for h in hits)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from opencortex.conversation.branches import CONTROL
 from opencortex.conversation.checkpoint import CHECKPOINT, parse_checkpoint
-from opencortex.conversation.conversations import Conversations
+from opencortex.conversation.conversations import Conversations, checkpoint_threads
 from opencortex.conversation.session import Session
 from opencortex.conversation.settings import ConversationSettings
 from opencortex.conversation.storedsummaries import (
@@ -268,6 +268,34 @@ def test_resume_reads_the_tail_only_and_agrees_with_a_whole_replay(root, monkeyp
         assert whole(resumed) == whole(ThreadLog.load(archive, LOCAL))   # made whole on demand
 
 
+def test_a_thread_filled_without_checkpoints_resumes_from_its_tail_once_one_is_written(
+        root, monkeypatch):
+    with Archive(root) as archive:
+        for start in range(0, 600, 200):          # as `memory import` writes, in batches
+            archive.append([NewMessage(role="user" if n % 2 == 0 else "assistant",
+                                       text=f"m{n}", thread=LOCAL)
+                            for n in range(start, start + 200)])
+        assert checkpoint_threads(archive, [Thread("cli", "empty")]) == 0   # fits the window
+        assert not ThreadLog.resume(archive, LOCAL, window=20)._partial    # read whole
+        assert checkpoint_threads(archive, [LOCAL]) == 1
+        records = archive.thread_records(LOCAL)
+        assert records[-1].extra[CONTROL] == "checkpoint" and CHECKPOINT in records[-1].extra
+        assert records[-1].text == "Checkpoint after 300 turns (a restart resumes here)"
+        loaded = ThreadLog.load(archive, LOCAL)
+        monkeypatch.setattr(archive, "thread_records", lambda thread: 1 / 0)
+        resumed = ThreadLog.resume(archive, LOCAL, window=20)
+        assert resumed._partial and view(resumed, 20) == view(loaded, 20)
+        assert [e.text for e in resumed.entries(limit=2)] == ["m598", "m599"]   # not shown
+        resumed.append_turn([NewMessage(role="user", text="after", thread=LOCAL), reply(1)],
+                            checkpoint=True)
+        monkeypatch.undo()
+        assert whole(resumed) == whole(ThreadLog.load(archive, LOCAL))
+        stale = ThreadLog.load(archive, LOCAL)
+        archive.append([NewMessage(role="user", text="outside", thread=LOCAL)])
+        stale.append_turn([NewMessage(role="user", text="late", thread=LOCAL)])
+        assert stale.write_checkpoint() is None        # its view is not the file's
+
+
 def test_resume_notices_another_writer_and_forgotten_messages(root):
     with Archive(root) as archive:
         mine, theirs = ThreadLog.load(archive, LOCAL), ThreadLog.load(archive, LOCAL)
@@ -303,6 +331,7 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("summary"), st.integers(0, 1)),
     st.tuples(st.just("merge"), st.integers(0, 4)),
     st.tuples(st.just("other"), st.integers(0, 2)),
+    st.tuples(st.just("checkpoint"), st.integers(0, 1)),
 ), min_size=1, max_size=25)
 STRATEGIES = ("sliding", "forget", "summarize", "galois")
 
@@ -335,6 +364,11 @@ def apply(op: str, n: int, log: ThreadLog, archive: Archive, counter: int,
     elif op == "outside":                       # another writer, "auto" parents
         archive.append([NewMessage(role="user", text=f"o{counter}.{i}", thread=LOCAL)
                         for i in range(n)])
+    elif op == "checkpoint":                    # by this log, or as `memory import` does
+        if n == 0:
+            log.write_checkpoint()
+        else:
+            ThreadLog.resume(archive, LOCAL, window=3).write_checkpoint()
     elif op == "summary" and log.head is not None:
         covers = tuple(log.recent_ids(3))
         entry = Entry(id="summary:s", role="system", text=f"[Summary] {counter}", turn=1,

@@ -73,6 +73,9 @@ def _import(config: Config, args: argparse.Namespace) -> int:
     with sole_writer(config), Archive(config.memory_dir) as archive:
         report = import_file(archive, args.file, fmt=args.format, thread=thread,
                              assistants=args.assistant)
+        if report.added:      # so that a start resumes each thread from its tail
+            from opencortex.conversation.conversations import checkpoint_threads
+            checkpoint_threads(archive, [Thread.parse(name) for name in report.threads])
     complete = not report.problems and report.stopped is None
     if args.json:
         print_json({"status": "ok" if complete else "incomplete", "file": str(args.file),

@@ -4,7 +4,7 @@ that persist them in the thread's own org file.
 A control record is an ordinary archive entry (role "system", turn type
 "silence", no parent) whose `extra` says what changed::
 
-    CONTROL  branch | head | pin | unpin | strategy | summary
+    CONTROL  branch | head | pin | unpin | strategy | summary | checkpoint
     TARGET   a message id ("" for none)
     BRANCH   a branch name
     VALUE    the strategy's name (`strategy` only)
@@ -14,7 +14,10 @@ A control record is an ordinary archive entry (role "system", turn type
 - `pin` / `unpin`: pin or unpin message TARGET;
 - `strategy`: the thread's compression strategy is VALUE from now on;
 - `summary`: a summary the working context made (see `storedsummaries`); it
-  changes no branch state.
+  changes no branch state;
+- `checkpoint`: carries only a `:CHECKPOINT:` (see `checkpoint`), written after
+  a thread was filled by other means (`memory import`) so the next start
+  resumes from the tail; it changes no branch state.
 
 Its text is one human line ("Forked branch b2 at turn 3") so the file stays
 readable in Emacs.  Replaying a thread's records in file order through
@@ -42,8 +45,9 @@ BRANCH = "BRANCH"
 VALUE = "VALUE"
 MERGED_FROM = "MERGED_FROM"
 MAIN = "main"
-ControlKind = Literal["branch", "head", "pin", "unpin", "strategy"]
-CONTROL_KINDS: tuple[str, ...] = ("branch", "head", "pin", "unpin", "strategy", "summary")
+ControlKind = Literal["branch", "head", "pin", "unpin", "strategy", "checkpoint"]
+CONTROL_KINDS: tuple[str, ...] = ("branch", "head", "pin", "unpin", "strategy", "summary",
+                                  "checkpoint")
 R = TypeVar("R", bound=MessageRecord)
 _GENERATED_NAME = re.compile(r"b([0-9]+)")
 
@@ -117,8 +121,8 @@ class BranchState:
             self.pins.discard(target)
         elif kind == "strategy":
             self.strategy = record.extra.get(VALUE) or None
-        elif kind == "summary":
-            pass                              # a summary record: no branch state
+        elif kind in ("summary", "checkpoint"):
+            pass                              # no branch state
         else:
             log.debug("ignored a control record of unknown kind %r", kind)
 

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Collection, Sequence
+from typing import Any, Collection, Iterable, Sequence
 
 from opencortex.conversation.compression import CompressionReport
 from opencortex.conversation.context import WorkingContext
@@ -50,6 +50,20 @@ OPEN_CONVERSATIONS = 256  # kept in memory; the least recently used idle one is 
 READERS = 2   # threads that read the archive for recall and opening (SQLite runs without
               # the GIL; more threads would only make the loop wait longer for it)
 SUMMARIZING = ("summarize", "galois")   # strategies whose summaries are kept and restored
+
+
+def checkpoint_threads(archive: Archive, threads: Iterable[Thread]) -> int:
+    """Write a checkpoint at the end of each of THREADS (filled by other means, such as
+    `memory import`), so that a start resumes each from its file's tail instead of
+    reading it whole; how many were written.  Each is opened as a start would (read
+    whole once, here, when it has no checkpoint yet).  A thread whose branch fits in
+    the window a start reads gets none: it is read whole at no cost."""
+    written = 0
+    for thread in threads:
+        log = ThreadLog.resume(archive, thread, window=WINDOW_MESSAGES)
+        if len(log.entries(limit=WINDOW_MESSAGES + 1)) > WINDOW_MESSAGES:
+            written += log.write_checkpoint() is not None
+    return written
 
 
 def shown_to_model(role: str, turn_type: str) -> bool:

@@ -199,8 +199,10 @@ class Recall:
                 for r in ranked], hint
 
     def ranked(self, thread: Thread, query: str, *, k: int = 5,
-               exclude_ids: Collection[str] = ()) -> tuple[list[Ranked], DateHint]:
-        """The K best hits with the ranks that put them there (lexical, dense, fused)."""
+               exclude_ids: Collection[str] = (), snippets: bool = False
+               ) -> tuple[list[Ranked], DateHint]:
+        """The K best hits with the ranks that put them there (lexical, dense, fused);
+        with SNIPPETS, each lexical hit's matched words marked (for `explain`)."""
         hint = date_hint(query, time.time())
         if k <= 0 or not query.strip():
             return [], hint
@@ -211,9 +213,10 @@ class Recall:
         found: list[SearchHit] = []
         if hint.window is not None:
             found += self.archive.search(words, threads=scope, limit=2 * k,
-                                         exclude_ids=exclude_ids, window=hint.window)
+                                         exclude_ids=exclude_ids, window=hint.window,
+                                         snippets=snippets)
         general = self.archive.search(words, threads=scope, limit=CANDIDATES * k,
-                                      exclude_ids=exclude_ids)
+                                      exclude_ids=exclude_ids, snippets=snippets)
         found += _newer_first(general) if hint.recent else general
         lexical = unique(found, seen=exclude_ids)        # a merged copy is the same message
         dense = self._dense(scope, hint.text if hint.text.strip() else query, exclude_ids,
@@ -258,7 +261,7 @@ class Recall:
         """What recall brings for QUERY and why: the period and words searched, then per
         hit its score, date, where, the words it matched and its text (for /recall);
         with dense recall, which ranking found each hit and the fused score."""
-        ranked, hint = self.ranked(thread, query, k=k)
+        ranked, hint = self.ranked(thread, query, k=k, snippets=True)
         lines = [f"searched for: {recall_query(hint.text) or recall_query(query)}"]
         if self.dense is not None:
             lines.append(f"ranking: {self.dense.describe()}")

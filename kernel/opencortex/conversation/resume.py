@@ -7,7 +7,7 @@
    is the one the writer had seen last, and the file's first message is the
    one it knew of: no other process wrote in between, nothing was forgotten);
 2. everything written after it, which must only continue the current branch
-   or pin, unpin, choose a strategy or store a summary (a fork, rewind or
+   or pin, unpin, choose a strategy, store a summary or a checkpoint (a fork, rewind or
    switch since then, or messages that do not follow the head, need the whole
    graph);
 3. the current branch back from the checkpoint's head: at least WINDOW
@@ -42,7 +42,7 @@ CARRIER_SEARCH = 512         # entries read back at most looking for the newest 
 FIRST_BYTES = 1 << 16        # bytes first read from the start to find the first message
 FIRST_LIMIT = 1 << 22        # ... and at most, doubling
 STALE_SEARCH = 256           # entries read back after a write to find its predecessor
-AFTER_CHECKPOINT = ("pin", "unpin", "strategy", "summary")   # controls a resume replays
+AFTER_CHECKPOINT = ("pin", "unpin", "strategy", "summary", "checkpoint")  # a resume replays
 _HEADING = re.compile(rb"(?m)^\* ")
 
 

@@ -287,7 +287,8 @@ class Archive:
     def search(self, query: str, *, thread: Thread | None = None,
                threads: Sequence[Thread] | None = None, limit: int = 10,
                exclude_ids: Collection[str] = (),
-               window: tuple[float, float] | None = None) -> list[SearchHit]:
+               window: tuple[float, float] | None = None,
+               snippets: bool = True) -> list[SearchHit]:
         """Messages matching the words of QUERY, best first (BM25).
 
         Any word matches (OR); at most 1000 hits.  Scores are -bm25: higher is
@@ -295,7 +296,8 @@ class Archive:
         together: their union; an empty THREADS alone: nothing).  Messages whose
         id is in EXCLUDE_IDS and control records are left out.  Very common words
         are skipped while rarer ones remain (see `MessageIndex.search`).  WINDOW
-        (start, end epoch seconds): only messages said in that span.
+        (start, end epoch seconds): only messages said in that span.  Without
+        SNIPPETS, each hit's snippet is "" (a snippet costs a search of its own).
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be text, not {type(query).__name__}")
@@ -314,7 +316,7 @@ class Archive:
         if not limit:
             return []
         with self._reading() as index:
-            return index.search(query, scope, limit, exclude_ids, window)
+            return index.search(query, scope, limit, exclude_ids, window, snippets=snippets)
 
     def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
         """The messages just before and after MESSAGE_ID in its thread (None: none)."""

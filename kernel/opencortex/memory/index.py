@@ -41,8 +41,10 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 2
 CONTROL_KEY = "CONTROL"     # extra property marking a control record (never searchable)
 COMMON_DOCS = 2000          # a word found in more messages than this is "very common"
+WEIGHTLESS_FLOOR = 50       # ... as is one in more than half of an owner's and than this
 MATCH_BUDGET = 4000         # most messages the words of one ranked search may match together
 MAX_COMMON_CACHE = 4096     # most words remembered as very common
+SIZE_TTL = 1.0              # seconds a table's message count is reused, at most
 SEARCH_TIME_LIMIT = 0.25    # seconds a ranked search may run before the newest-first fallback
 PROGRESS_STEPS = 10000      # SQLite VM steps between two checks of that limit
 _COLUMNS = "id, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra"
@@ -91,6 +93,7 @@ class MessageIndex:
         self.reader = reader
         self.generation = 0      # moves on when tables are dropped, emptied or moved
         self._common: set[tuple[str, str]] = set()   # (table, phrase) known to be very common
+        self._sizes: dict[str, tuple[int, float]] = {}  # table -> (messages, when counted)
         self._partitions = Partitions(tokenizer)      # attached to the connection on open
         self._connection: sqlite3.Connection | None = None
         self._opening = threading.Lock()
@@ -176,6 +179,7 @@ class MessageIndex:
         connection recreated or moved tables)."""
         self._partitions.forget_cache()
         self._common.clear()
+        self._sizes.clear()
         self.generation += 1
 
     def _remove_files(self) -> None:
@@ -266,6 +270,7 @@ class MessageIndex:
             self._db.execute("DELETE FROM files WHERE path = ?", (file,))
         self._write(work)
         self._common.clear()
+        self._sizes.clear()
         self.generation += 1      # a reader's cache of common words may be wrong now
 
     def file_sizes(self) -> dict[str, int]:
@@ -331,7 +336,8 @@ class MessageIndex:
 
     def search(self, query: str, threads: Collection[Thread] | None, limit: int,
                exclude_ids: Collection[str] = (),
-               window: tuple[float, float] | None = None) -> list[SearchHit]:
+               window: tuple[float, float] | None = None, *,
+               snippets: bool = True) -> list[SearchHit]:
         """Best BM25 matches for the words of QUERY (any word), optionally only in THREADS
         and only said within WINDOW (start, end epoch seconds, end excluded).
 
@@ -339,11 +345,12 @@ class MessageIndex:
         owners are merged by score.  Messages whose id is in EXCLUDE_IDS and
         control records are never returned.  Ranking costs time per matching
         message, and common words weigh little in BM25: the rarest words (in
-        the owner's table) are kept while together they match at most
+        the owner's table) are ranked while together they match at most
         MATCH_BUDGET messages (the rarest one always, unless it is very common:
-        in more than COMMON_DOCS messages).  When every word is very common, or
-        a ranked search runs longer than SEARCH_TIME_LIMIT, the newest matches
-        are returned instead (no full ranking).
+        in more than COMMON_DOCS messages, or in more than half of the owner's
+        where BM25 weighs it ~0).  When every word is very common, or a ranked
+        search runs longer than SEARCH_TIME_LIMIT, the newest matches are
+        returned instead (no full ranking).
         """
         phrases = query_phrases(query)
         if not phrases or limit <= 0 or (threads is not None and not threads):
@@ -363,12 +370,12 @@ class MessageIndex:
         kept = [item for item in found
                 if item[1] in rows and rows[item[1]][0] not in exclude
                 and (scope is None or Thread(*rows[item[1]][3:5]) in scope)][:limit]
-        snippets = self._snippets(kept)
+        marked = self._snippets(kept) if snippets else {}
         hits = []
         for _, rowid, rank, _, _ in kept:
             record = _record(rows[rowid])
             if not is_control(record["extra"]):    # an index built before control records
-                hits.append(SearchHit(**record, score=-rank, snippet=snippets.get(rowid, "")))
+                hits.append(SearchHit(**record, score=-rank, snippet=marked.get(rowid, "")))
         return hits
 
     def _targets(self, scope: set[Thread] | None) -> list[tuple[str, list[str] | None]]:
@@ -414,16 +421,33 @@ class MessageIndex:
 
     def _rarest(self, table: str, phrases: list[str]) -> list[str]:
         """The rarest of PHRASES in TABLE that together match at most MATCH_BUDGET
-        messages (at least one, unless all are very common: then none)."""
-        counted = sorted((self._frequency(table, phrase), n, phrase)
-                         for n, phrase in enumerate(phrases))
+        messages (at least one, unless all are very common: then none).
+
+        Very common: in more than COMMON_DOCS messages, or in more than half of
+        the table's (where BM25 gives a word no weight: its idf is clamped to ~0)
+        and more than WEIGHTLESS_FLOOR (below that, ranking them costs little).
+        A phrase found nowhere is left out."""
+        counted = sorted((found, n, phrase) for n, phrase in enumerate(phrases)
+                         if (found := self._frequency(table, phrase)))
+        size = self._size(table, at_least=max((found for found, _, _ in counted), default=0))
+        common = min(COMMON_DOCS, max(WEIGHTLESS_FLOOR, size // 2))
         kept, total = [], 0
         for found, _, phrase in counted:
-            if found > COMMON_DOCS or (kept and total + found > MATCH_BUDGET):
+            if found > common or (kept and total + found > MATCH_BUDGET):
                 break
             kept.append(phrase)
             total += found
         return kept
+
+    def _size(self, table: str, at_least: int = 0) -> int:
+        """How many messages TABLE holds, counted again after SIZE_TTL seconds, or when
+        fewer than AT_LEAST (a word found in more messages: the count is stale)."""
+        now = time.monotonic()
+        known = self._sizes.get(table)
+        if known is None or now - known[1] > SIZE_TTL or known[0] < at_least:
+            size = self._db.execute(f"SELECT count(*) FROM {table}_docsize").fetchone()[0]
+            known = self._sizes[table] = (size, now)
+        return known[0]
 
     def _frequency(self, table: str, phrase: str) -> int:
         """In how many messages of TABLE PHRASE occurs, counted up to COMMON_DOCS + 1."""
