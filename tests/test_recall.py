@@ -17,6 +17,7 @@ from opencortex.conversation.recall import LOCAL_OWNER, Recall, owner_of, recall
 from opencortex.events import Thread
 from opencortex.memory import Archive, NewMessage
 from opencortex.memory import index as index_module
+from opencortex.memory import ranking
 
 CLI = Thread("cli", "local")
 EMACS = Thread("emacs", "main")
@@ -259,7 +260,7 @@ def test_search_words_match_the_text_not_the_thread_column(archive):
 
 
 def test_very_common_words_are_left_out_while_rarer_ones_remain(archive, monkeypatch):
-    monkeypatch.setattr(index_module, "COMMON_DOCS", 3)
+    monkeypatch.setattr(ranking, "COMMON_DOCS", 3)
     archive.append([say(f"the weather report {i}", CLI) for i in range(6)])
     [rare] = archive.append([say("the zebra crossing", CLI)])
     assert [h.id for h in archive.search("the zebra")] == [rare.id]
@@ -272,14 +273,14 @@ def test_very_common_words_are_left_out_while_rarer_ones_remain(archive, monkeyp
 def test_a_ranked_search_past_its_time_limit_falls_back_to_newest_matches(archive, monkeypatch):
     archive.append([say(f"owl number {i}", CLI) for i in range(30)])
     archive.append([say("owl elsewhere", GROUP)])
-    monkeypatch.setattr(index_module, "SEARCH_TIME_LIMIT", -1.0)   # already past
-    monkeypatch.setattr(index_module, "PROGRESS_STEPS", 1)
+    monkeypatch.setattr(ranking, "SEARCH_TIME_LIMIT", -1.0)   # already past
+    monkeypatch.setattr(ranking, "PROGRESS_STEPS", 1)
     hits = archive.search("owl", thread=CLI, limit=3)
     assert [h.text for h in hits] == ["owl number 29", "owl number 28", "owl number 27"]
 
 
 def test_only_the_rarest_words_within_the_match_budget_are_ranked(archive, monkeypatch):
-    monkeypatch.setattr(index_module, "MATCH_BUDGET", 2)
+    monkeypatch.setattr(ranking, "MATCH_BUDGET", 2)
     [rare] = archive.append([say("alpha and beta", CLI)])
     archive.append([say(f"beta number {i}", CLI) for i in range(3)])
     assert [h.id for h in archive.search("beta alpha")] == [rare.id]

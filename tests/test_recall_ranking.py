@@ -13,7 +13,7 @@ from opencortex.conversation.recall import Recall
 from opencortex.conversation.recalldates import date_hint
 from opencortex.events import Thread
 from opencortex.memory import Archive
-from opencortex.memory import index as index_module
+from opencortex.memory import ranking
 from opencortex.memory.query import query_words
 
 from test_recall import archive, say  # noqa: F401  (archive: a fixture)
@@ -164,7 +164,7 @@ def test_a_word_in_half_the_owners_messages_is_not_matched_while_a_rarer_one_is(
         archive, monkeypatch):
     # BM25 gives such a word no weight (its idf is clamped to ~0): matching it would only
     # cost time, ranking every message that holds it.
-    monkeypatch.setattr(index_module, "WEIGHTLESS_FLOOR", 10)
+    monkeypatch.setattr(ranking, "WEIGHTLESS_FLOOR", 10)
     archive.append([say(f"meeting notes {i}", CLI) for i in range(30)])
     [answer] = archive.append([say("the okapi meeting moved to friday", CLI)])
     archive.append([say(f"okapi {i}", ALICE) for i in range(50)])    # another owner's table
@@ -173,7 +173,7 @@ def test_a_word_in_half_the_owners_messages_is_not_matched_while_a_rarer_one_is(
     assert len(archive.search("meeting okapi", thread=CLI, limit=40)) == 1
     newest = archive.search("meeting", thread=CLI, limit=3)     # nothing rarer: the newest
     assert [h.text for h in newest] == [answer.text, "meeting notes 29", "meeting notes 28"]
-    monkeypatch.setattr(index_module, "WEIGHTLESS_FLOOR", 200)    # 31 messages: all ranked
+    monkeypatch.setattr(ranking, "WEIGHTLESS_FLOOR", 200)    # 31 messages: all ranked
     ranked = archive.search("okapi meeting", thread=CLI, limit=40)
     assert ranked[0].id == answer.id and len(ranked) == 31
 
@@ -188,7 +188,7 @@ def test_recall_leaves_snippets_to_explain(archive):
 
 def test_the_owners_message_count_is_not_trusted_once_a_word_outnumbers_it(
         archive, monkeypatch):
-    monkeypatch.setattr(index_module, "WEIGHTLESS_FLOOR", 1)
+    monkeypatch.setattr(ranking, "WEIGHTLESS_FLOOR", 1)
     archive.append([say(f"alpha {i}", CLI) for i in range(4)])
     assert len(archive.search("alpha", thread=CLI)) == 4          # 4 messages, counted
     archive.append([say(f"gamma {i}", CLI) for i in range(30)])

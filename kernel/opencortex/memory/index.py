@@ -15,6 +15,9 @@ dropped and rebuilt at any time.  Tables:
 - `meta`: the tokenizer the FTS tables were made with ("porter" stems English
   words, so "donated" finds "donate").
 
+Ranked search over the FTS tables is `ranking.RankedSearch`, a part of
+`MessageIndex`; rows become records as `rows` says.
+
 An index of another schema version or tokenizer is rebuilt on open.  The
 SQLite file is opened lazily, by the first read or write (a kernel starts
 without touching it until its archive needs it).
@@ -26,28 +29,19 @@ import json
 import logging
 import sqlite3
 import threading
-import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 from opencortex.events import Thread
 from opencortex.memory.partitions import (DEFAULT_TOKENIZER, Partition, Partitions,
                                           fts_tables, thread_token, NOT_CONTROL)  # noqa: F401
-from opencortex.memory.query import query_phrases
-from opencortex.memory.records import MessageRecord, SearchHit
+from opencortex.memory.ranking import RankedSearch
+from opencortex.memory.records import MessageRecord
+from opencortex.memory.rows import COLUMNS, is_control, record_fields
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
-CONTROL_KEY = "CONTROL"     # extra property marking a control record (never searchable)
-COMMON_DOCS = 2000          # a word found in more messages than this is "very common"
-WEIGHTLESS_FLOOR = 50       # ... as is one in more than half of an owner's and than this
-MATCH_BUDGET = 4000         # most messages the words of one ranked search may match together
-MAX_COMMON_CACHE = 4096     # most words remembered as very common
-SIZE_TTL = 1.0              # seconds a table's message count is reused, at most
-SEARCH_TIME_LIMIT = 0.25    # seconds a ranked search may run before the newest-first fallback
-PROGRESS_STEPS = 10000      # SQLite VM steps between two checks of that limit
-_COLUMNS = "id, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra"
 _SCHEMA = """
 CREATE TABLE messages (
     seq INTEGER PRIMARY KEY,
@@ -64,20 +58,9 @@ CREATE TABLE thread_parts (channel TEXT NOT NULL, chat_id TEXT NOT NULL, part TE
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 _TABLES = ("messages", "files", "parts", "thread_parts", "meta")
-def is_control(extra: Mapping[str, str]) -> bool:
-    """True for a control record (branch/head/pin bookkeeping, not conversation)."""
-    return CONTROL_KEY in extra
 
 
-def _record(row: Sequence) -> dict:
-    """The MessageRecord fields of a `messages` row selected as _COLUMNS."""
-    (id_, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra) = row[:10]
-    return dict(id=id_, role=role, text=text, channel=channel, chat_id=chat_id,
-                sender=sender, timestamp=epoch, parent=parent, turn_type=turn_type,
-                extra=json.loads(extra))
-
-
-class MessageIndex:
+class MessageIndex(RankedSearch):
     """History and search over the archive, stored in one SQLite file (WAL mode)."""
 
     def __init__(self, path: Path, *, tokenizer: str = DEFAULT_TOKENIZER,
@@ -248,7 +231,7 @@ class MessageIndex:
         added = 0
         for file, offset, rec in entries:
             cursor = self._db.execute(
-                f"INSERT OR IGNORE INTO messages ({_COLUMNS}, file, offset) "
+                f"INSERT OR IGNORE INTO messages ({COLUMNS}, file, offset) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (rec.id, rec.role, rec.text, rec.channel, rec.chat_id, rec.sender,
                  rec.timestamp, rec.parent, rec.turn_type,
@@ -307,16 +290,16 @@ class MessageIndex:
     def history(self, thread: Thread, limit: int) -> list[MessageRecord]:
         """The last LIMIT messages of THREAD, oldest first."""
         rows = self._db.execute(
-            f"SELECT {_COLUMNS} FROM messages WHERE channel = ? AND chat_id = ? "
+            f"SELECT {COLUMNS} FROM messages WHERE channel = ? AND chat_id = ? "
             "ORDER BY offset DESC LIMIT ?", (thread.channel, thread.chat_id, limit)).fetchall()
-        return [MessageRecord(**_record(row)) for row in reversed(rows)]
+        return [MessageRecord(**record_fields(row)) for row in reversed(rows)]
 
     def thread_records(self, thread: Thread) -> list[MessageRecord]:
         """All messages of THREAD, in file order."""
         rows = self._db.execute(
-            f"SELECT {_COLUMNS} FROM messages WHERE channel = ? AND chat_id = ? ORDER BY offset",
+            f"SELECT {COLUMNS} FROM messages WHERE channel = ? AND chat_id = ? ORDER BY offset",
             (thread.channel, thread.chat_id)).fetchall()
-        return [MessageRecord(**_record(row)) for row in rows]
+        return [MessageRecord(**record_fields(row)) for row in rows]
 
     def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
         """The conversation messages just before and just after MESSAGE_ID in its thread's
@@ -328,165 +311,8 @@ class MessageIndex:
         found = []
         for sign, order in (("<", "DESC"), (">", "ASC")):
             near = self._db.execute(
-                f"SELECT {_COLUMNS} FROM messages WHERE channel = ? AND chat_id = ? AND "
+                f"SELECT {COLUMNS} FROM messages WHERE channel = ? AND chat_id = ? AND "
                 f"offset {sign} ? AND {NOT_CONTROL} ORDER BY offset {order} LIMIT 1",
                 row).fetchone()
-            found.append(None if near is None else MessageRecord(**_record(near)))
+            found.append(None if near is None else MessageRecord(**record_fields(near)))
         return found[0], found[1]
-
-    def search(self, query: str, threads: Collection[Thread] | None, limit: int,
-               exclude_ids: Collection[str] = (),
-               window: tuple[float, float] | None = None, *,
-               snippets: bool = True) -> list[SearchHit]:
-        """Best BM25 matches for the words of QUERY (any word), optionally only in THREADS
-        and only said within WINDOW (start, end epoch seconds, end excluded).
-
-        Each owner's table is ranked with its own statistics; results of several
-        owners are merged by score.  Messages whose id is in EXCLUDE_IDS and
-        control records are never returned.  Ranking costs time per matching
-        message, and common words weigh little in BM25: the rarest words (in
-        the owner's table) are ranked while together they match at most
-        MATCH_BUDGET messages (the rarest one always, unless it is very common:
-        in more than COMMON_DOCS messages, or in more than half of the owner's
-        where BM25 weighs it ~0).  When every word is very common, or a ranked
-        search runs longer than SEARCH_TIME_LIMIT, the newest matches are
-        returned instead (no full ranking).
-        """
-        phrases = query_phrases(query)
-        if not phrases or limit <= 0 or (threads is not None and not threads):
-            return []
-        scope = None if threads is None else {Thread(*thread) for thread in threads}
-        exclude = set(exclude_ids)
-        found: list[tuple[tuple, int, float, str, str]] = []   # key, rowid, rank, table, words
-        for table, tokens in self._targets(scope):
-            found += self._search_table(table, tokens, phrases, limit + len(exclude), window)
-        if not found:
-            return []
-        found.sort(key=lambda item: item[0])
-        rowids = [item[1] for item in found]
-        marks = ", ".join("?" * len(rowids))
-        rows = {row[-1]: row for row in self._db.execute(
-            f"SELECT {_COLUMNS}, seq FROM messages WHERE seq IN ({marks})", rowids)}
-        kept = [item for item in found
-                if item[1] in rows and rows[item[1]][0] not in exclude
-                and (scope is None or Thread(*rows[item[1]][3:5]) in scope)][:limit]
-        marked = self._snippets(kept) if snippets else {}
-        hits = []
-        for _, rowid, rank, _, _ in kept:
-            record = _record(rows[rowid])
-            if not is_control(record["extra"]):    # an index built before control records
-                hits.append(SearchHit(**record, score=-rank, snippet=marked.get(rowid, "")))
-        return hits
-
-    def _targets(self, scope: set[Thread] | None) -> list[tuple[str, list[str] | None]]:
-        """(table, thread tokens to filter on, or None for the whole table) to search."""
-        if scope is None:
-            return [(table, None) for table in self._parts.tables()]
-        by_table: dict[str, list[Thread]] = {}
-        for thread in scope:
-            table = self._parts.known_table(thread)
-            if table is not None:
-                by_table.setdefault(table, []).append(thread)
-        targets = []
-        for table, members in sorted(by_table.items()):
-            whole = len(members) == self._parts.threads_in(table)
-            targets.append((table, None if whole else sorted(thread_token(t) for t in members)))
-        return targets
-
-    def _search_table(self, table: str, tokens: list[str] | None, phrases: list[str],
-                      wanted: int, window: tuple[float, float] | None
-                      ) -> list[tuple[tuple, int, float, str, str]]:
-        """Ranked (or, failing that, newest) matches in one owner's TABLE."""
-        rare = self._rarest(table, phrases)
-        words = f"text:({' OR '.join(rare or phrases)})"
-        match = words if tokens is None else f"thread:({' OR '.join(tokens)}) AND {words}"
-        ranked = None
-        if rare:
-            ranked = self._matches(table, match, wanted, "f.rank", window,
-                                   time_limit=SEARCH_TIME_LIMIT)
-            if ranked is not None:
-                return [((0, rank), rowid, rank, table, words) for rowid, rank in ranked]
-        newest = self._matches(table, match, wanted, "f.rowid DESC", window) or []
-        return [((1, -rowid), rowid, rank, table, words) for rowid, rank in newest]
-
-    def _snippets(self, kept: list[tuple[tuple, int, float, str, str]]) -> dict[int, str]:
-        """rowid -> snippet of the matched words, for the KEPT matches."""
-        snippets: dict[int, str] = {}
-        for _, rowid, _, table, words in kept:       # one seek per row: no full match list
-            row = self._db.execute(
-                f"SELECT snippet({table}, 0, '[', ']', '…', 12) FROM {table} "
-                f"WHERE {table} MATCH ? AND rowid = ?", (words, rowid)).fetchone()
-            snippets[rowid] = row[0] if row else ""
-        return snippets
-
-    def _rarest(self, table: str, phrases: list[str]) -> list[str]:
-        """The rarest of PHRASES in TABLE that together match at most MATCH_BUDGET
-        messages (at least one, unless all are very common: then none).
-
-        Very common: in more than COMMON_DOCS messages, or in more than half of
-        the table's (where BM25 gives a word no weight: its idf is clamped to ~0)
-        and more than WEIGHTLESS_FLOOR (below that, ranking them costs little).
-        A phrase found nowhere is left out."""
-        counted = sorted((found, n, phrase) for n, phrase in enumerate(phrases)
-                         if (found := self._frequency(table, phrase)))
-        size = self._size(table, at_least=max((found for found, _, _ in counted), default=0))
-        common = min(COMMON_DOCS, max(WEIGHTLESS_FLOOR, size // 2))
-        kept, total = [], 0
-        for found, _, phrase in counted:
-            if found > common or (kept and total + found > MATCH_BUDGET):
-                break
-            kept.append(phrase)
-            total += found
-        return kept
-
-    def _size(self, table: str, at_least: int = 0) -> int:
-        """How many messages TABLE holds, counted again after SIZE_TTL seconds, or when
-        fewer than AT_LEAST (a word found in more messages: the count is stale)."""
-        now = time.monotonic()
-        known = self._sizes.get(table)
-        if known is None or now - known[1] > SIZE_TTL or known[0] < at_least:
-            size = self._db.execute(f"SELECT count(*) FROM {table}_docsize").fetchone()[0]
-            known = self._sizes[table] = (size, now)
-        return known[0]
-
-    def _frequency(self, table: str, phrase: str) -> int:
-        """In how many messages of TABLE PHRASE occurs, counted up to COMMON_DOCS + 1."""
-        if (table, phrase) in self._common:
-            return COMMON_DOCS + 1
-        found = self._db.execute(
-            f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT ?)",
-            (f"text:{phrase}", COMMON_DOCS + 1)).fetchone()[0]
-        if found > COMMON_DOCS:
-            if len(self._common) >= MAX_COMMON_CACHE:
-                self._common.clear()
-            self._common.add((table, phrase))
-        return found
-
-    def _matches(self, table: str, match: str, limit: int, order: str,
-                 window: tuple[float, float] | None = None,
-                 time_limit: float | None = None) -> list[tuple[int, float]] | None:
-        """(rowid, rank) of the first LIMIT matches in ORDER (said within WINDOW, if
-        given); None when TIME_LIMIT ran out."""
-        sql = (f"SELECT f.rowid, f.rank FROM {table} f WHERE f.{table} MATCH ? "
-               f"ORDER BY {order} LIMIT ?")
-        values: tuple = (match, limit)
-        if window is not None:
-            sql = (f"SELECT f.rowid, f.rank FROM {table} f JOIN messages m ON m.seq = f.rowid "
-                   f"WHERE f.{table} MATCH ? AND m.epoch >= ? AND m.epoch < ? "
-                   f"ORDER BY {order} LIMIT ?")
-            values = (match, *window, limit)
-        if time_limit is not None:
-            deadline = time.monotonic() + time_limit
-            self._db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
-        try:
-            return self._db.execute(sql, values).fetchall()
-        except sqlite3.OperationalError as error:
-            if time_limit is not None and "interrupt" in str(error):
-                log.info("ranked search ran past %.2f s; returning the newest matches",
-                         time_limit)
-                return None
-            raise ValueError(f"search query could not be run ({error}); "   # not expected
-                             "try plain words without special characters") from None
-        finally:
-            if time_limit is not None:
-                self._db.set_progress_handler(None, 0)

@@ -25,7 +25,7 @@ from pathlib import Path
 from opencortex.events import Thread
 from opencortex.memory.archive import Archive
 from opencortex.memory.completeness import parse_thread_file
-from opencortex.memory.index import is_control
+from opencortex.memory.rows import is_control
 from opencortex.memory.orgformat import Part, render_entry, render_header
 from opencortex.memory.records import MessageRecord, check_thread
 from opencortex.memory.threadfile import (ArchiveError, locked, read_range, sync_directory,

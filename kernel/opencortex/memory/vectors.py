@@ -42,7 +42,7 @@ from typing import Any
 
 from opencortex.events import Thread
 from opencortex.memory.archive import INDEX_NAME, Archive
-from opencortex.memory.index import _COLUMNS, _record, is_control
+from opencortex.memory.rows import COLUMNS, is_control, record_fields
 from opencortex.memory.records import MessageRecord
 
 log = logging.getLogger(__name__)
@@ -325,11 +325,11 @@ class VectorStore:
             if not ids:
                 return {}
             marks = ", ".join("?" * len(ids))
-            rows = db.execute(f"SELECT {_COLUMNS} FROM idx.messages WHERE id IN ({marks})",
+            rows = db.execute(f"SELECT {COLUMNS} FROM idx.messages WHERE id IN ({marks})",
                               list(ids)).fetchall()
             found = {}
             for row in rows:
-                record = _record(row)
+                record = record_fields(row)
                 if not is_control(record["extra"]):
                     found[record["id"]] = MessageRecord(**record)
             gone = [id_ for id_ in ids if id_ not in found]

@@ -1,0 +1,22 @@
+"""Rows of the index's `messages` table: the columns read, and how a row becomes a record."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+CONTROL_KEY = "CONTROL"     # extra property marking a control record (never searchable)
+COLUMNS = "id, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra"
+
+
+def is_control(extra: Mapping[str, str]) -> bool:
+    """True for a control record (branch/head/pin bookkeeping, not conversation)."""
+    return CONTROL_KEY in extra
+
+
+def record_fields(row: Sequence) -> dict:
+    """The MessageRecord fields of a `messages` row selected as COLUMNS (first)."""
+    (id_, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra) = row[:10]
+    return dict(id=id_, role=role, text=text, channel=channel, chat_id=chat_id,
+                sender=sender, timestamp=epoch, parent=parent, turn_type=turn_type,
+                extra=json.loads(extra))
