@@ -6,6 +6,8 @@
 Files are generated in a temporary directory: JSON Lines over 50 threads whose
 lines interleave (the hard case for batching per thread), and a Telegram
 Desktop export of one chat with entity lists in a third of its messages.
+Each import is the command's: `import_file`, then a checkpoint at the end of
+every long thread it filled (see `checkpoint_threads`).
 Figures: messages/s for a first import of each, messages/s for importing the
 JSON Lines file again (everything is a duplicate, nothing is written), and the
 process's peak resident memory (the import streams: it should not grow with
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 from opencortex.memory import Archive
-from opencortex.memory.importer import import_file
+from opencortex.memory_commands import import_history
 
 WORDS = [f"w{i}" for i in range(20_000)] + "the a is to and of it you that in".split()
 THREADS = ([f"telegram:{1000 + i}" for i in range(40)] + [f"cli:notes{i}" for i in range(10)])
@@ -63,7 +65,7 @@ def write_telegram(path: Path, count: int, rng: random.Random) -> None:
 
 def timed_import(archive: Archive, path: Path, fmt: str) -> tuple[float, object]:
     started = time.perf_counter()
-    report = import_file(archive, path, fmt=fmt)
+    report = import_history(archive, path, fmt=fmt)
     return time.perf_counter() - started, report
 
 

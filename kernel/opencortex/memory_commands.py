@@ -14,6 +14,7 @@ from opencortex.homeaccess import home_problem, require_writable_home, sole_writ
 
 if TYPE_CHECKING:
     from opencortex.memory.importer import ImportReport
+    from opencortex.memory import Archive
 
 
 def run_memory_command(args: argparse.Namespace) -> int:
@@ -64,18 +65,25 @@ def _forget(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def import_history(archive: Archive, path: Path, **options: Any) -> ImportReport:
+    """Import the file at PATH into ARCHIVE (OPTIONS as `import_file` takes them), then
+    end each thread it filled with a checkpoint, so a start resumes it from its tail."""
+    from opencortex.conversation.conversations import checkpoint_threads
+    from opencortex.memory.importer import import_file
+    report = import_file(archive, path, **options)
+    if report.added:
+        checkpoint_threads(archive, [Thread.parse(name) for name in report.threads])
+    return report
+
+
 def _import(config: Config, args: argparse.Namespace) -> int:
     """`memory import FILE`: import as the home's only writer, then say what happened."""
     from opencortex.memory import Archive
-    from opencortex.memory.importer import import_file
     thread = Thread.parse(args.thread) if args.thread else None
     require_writable_home(config, "importing")
     with sole_writer(config), Archive(config.memory_dir) as archive:
-        report = import_file(archive, args.file, fmt=args.format, thread=thread,
-                             assistants=args.assistant)
-        if report.added:      # so that a start resumes each thread from its tail
-            from opencortex.conversation.conversations import checkpoint_threads
-            checkpoint_threads(archive, [Thread.parse(name) for name in report.threads])
+        report = import_history(archive, args.file, fmt=args.format, thread=thread,
+                                assistants=args.assistant)
     complete = not report.problems and report.stopped is None
     if args.json:
         print_json({"status": "ok" if complete else "incomplete", "file": str(args.file),
