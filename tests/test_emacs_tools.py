@@ -19,14 +19,13 @@ import os
 import secrets
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from epc_loop import LoopServer
 from opencortex.emacs import EmacsLink
-from opencortex.epc import KernelEpcServer
 from opencortex.events import chat_message
 from opencortex.skills.registry import SkillRegistry
 from opencortex.tools import ToolRegistry
@@ -85,20 +84,15 @@ class EmacsSession:
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
-        self.loop = asyncio.new_event_loop()
-        self.loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.loop_thread.start()
         self.link = EmacsLink(call_timeout=60)
         secret = secrets.token_hex(32)
-        self.server = KernelEpcServer(self.loop, secret, {}, on_connect=self.link.connected,
-                                      on_disconnect=self.link.disconnected)
-        self.serve_thread = threading.Thread(target=self.server.serve_forever,
-                                             kwargs={"poll_interval": 0.05}, daemon=True)
-        self.serve_thread.start()
+        self.served = LoopServer(secret, {}, on_connect=self.link.connected,
+                                 on_disconnect=self.link.disconnected)
+        self.loop = self.served.loop
         connection = tmp / "kernel.json"
         descriptor = os.open(connection, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as handle:
-            json.dump({"port": self.server.port, "secret": secret, "pid": os.getpid()}, handle)
+            json.dump({"port": self.served.port, "secret": secret, "pid": os.getpid()}, handle)
         self.stop_file, self.report = tmp / "stop", tmp / "report"
         driver = tmp / "driver.el"
         driver.write_text(DRIVER.format(dir=lisp(tmp), connection=lisp(connection),
@@ -134,12 +128,7 @@ class EmacsSession:
         except subprocess.TimeoutExpired:
             self.emacs.kill()
             output, _ = self.emacs.communicate(timeout=10)
-        self.server.shutdown()
-        self.server.server_close()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.serve_thread.join(10)
-        self.loop_thread.join(10)
-        self.loop.close()
+        self.served.stop()
         return output
 
 

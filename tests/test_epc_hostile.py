@@ -8,7 +8,6 @@ kernel is in test_epc_isolation.py.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import threading
@@ -19,26 +18,20 @@ from epc.client import EPCClient
 from epc.handler import encode_message, unpack_message
 from sexpdata import Symbol
 
-from opencortex.epc import KernelEpcServer, current_connection
+from epc_loop import LoopServer
+from opencortex.epc import current_connection
 from opencortex.epc_frames import FrameError, frame_length, read_frame_before
 
 SECRET = "the-right-secret"
 BLOB = "b" * (16 << 10)
 
 
-class InProcessServer:
+class InProcessServer(LoopServer):
     """A KernelEpcServer on its own loop thread, with methods a test can reason about."""
 
     def __init__(self, **options):
-        self.loop = asyncio.new_event_loop()
-        self.loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.loop_thread.start()
         self.connected: list = []
-        self.server = KernelEpcServer(self.loop, SECRET, self.methods(), **options,
-                                      on_connect=self.connected.append)
-        self.serve_thread = threading.Thread(target=self.server.serve_forever,
-                                             kwargs={"poll_interval": 0.05}, daemon=True)
-        self.serve_thread.start()
+        super().__init__(SECRET, self.methods(), **options, on_connect=self.connected.append)
 
     def methods(self):
         async def ping(value):
@@ -51,18 +44,6 @@ class InProcessServer:
             return id(current_connection.get())
 
         return {"ping": ping, "blob": blob, "whose": whose}
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.serve_thread.join(10)
-        self.loop_thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture
