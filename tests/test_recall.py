@@ -285,3 +285,32 @@ def test_only_the_rarest_words_within_the_match_budget_are_ranked(archive, monke
     archive.append([say(f"beta number {i}", CLI) for i in range(3)])
     assert [h.id for h in archive.search("beta alpha")] == [rare.id]
     assert len(archive.search("beta")) == 4          # the rarest word is always kept
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=st.lists(st.sampled_from(["kite", "kite kite", "kite wind", "wind"]),
+                      min_size=1, max_size=12),
+       excluded=st.sets(st.integers(0, 11)), limit=st.integers(1, 6))
+def test_search_with_exclusions_is_the_full_ranking_without_them(words, excluded, limit):
+    """Matches are read only until LIMIT are kept; what is kept is what ranking them all
+    and then leaving out the excluded ids would keep."""
+    with tempfile.TemporaryDirectory() as tmp, Archive(Path(tmp)) as archive:
+        records = archive.append([say(text, CLI if i % 3 else GROUP)
+                                  for i, text in enumerate(words)])
+        exclude = {records[i].id for i in excluded if i < len(records)}
+        every = archive.search("kite", threads=[CLI, GROUP], limit=100)
+        hits = archive.search("kite", threads=[CLI, GROUP], limit=limit, exclude_ids=exclude)
+        assert hits == [hit for hit in every if hit.id not in exclude][:limit]
+
+
+def test_a_search_stopped_early_ends_its_read(archive):
+    """A search that stops reading matches once it has enough leaves no read open: the
+    writer can then checkpoint its whole log."""
+    others = archive.append([say(f"tern {i}", CLI) for i in range(5)])
+    archive.append([say(f"gull {i}", CLI) for i in range(20)])
+    excluded = [record.id for record in others]     # room for 7 matches, 2 are read
+    assert len(archive.search("gull", limit=2, exclude_ids=excluded)) == 2
+    writer = archive._index._db
+    busy, _, _ = writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    assert busy == 0

@@ -16,7 +16,7 @@ from opencortex.memory import Archive
 from opencortex.memory import ranking
 from opencortex.memory.query import query_words
 
-from test_recall import archive, say  # noqa: F401  (archive: a fixture)
+from test_recall import archive, control, say  # noqa: F401  (archive: a fixture)
 
 CLI = Thread("cli", "local")
 EMACS = Thread("emacs", "notes")
@@ -127,6 +127,22 @@ def test_a_recalled_question_brings_its_reply_and_shows_its_date(archive):
     assert len(entries) == 2
     assert entries[1].text.endswith("next to a recalled message] 5433, since the move")
     assert datetime.now().strftime("%Y-%m-%d") in entries[0].text
+
+
+def test_the_neighbours_of_several_messages_come_from_one_read(archive):
+    """Each known id's conversation neighbours in its own thread, as `neighbours` gives
+    them one at a time: control records are passed over, an unknown id is left out."""
+    first, second = archive.append([say("which port?", CLI), say("5433", CLI, role="assistant")])
+    archive.append([control(CLI, first.id, "Pinned the port question")])
+    [third] = archive.append([say("thanks", CLI)])
+    [alone] = archive.append([say("hello", EMACS)])
+    ids = [first.id, second.id, third.id, alone.id, "no-such-id"]
+    near = archive.neighbours_of(ids)
+    assert set(near) == set(ids) - {"no-such-id"}
+    assert [(b and b.id, a and a.id) for b, a in (near[i] for i in ids[:4])] == [
+        (None, second.id), (first.id, third.id), (second.id, None), (None, None)]
+    assert all(near[i] == archive.neighbours(i) for i in ids[:4])
+    assert archive.neighbours("no-such-id") == (None, None)
 
 
 def test_explain_says_what_matched_when_and_the_period(archive):

@@ -183,8 +183,9 @@ class Recall:
         hits, _ = self.hits(thread, query, k=k, exclude_ids=exclude_ids)
         entries = [self.entry(hit) for hit in hits]
         known = set(exclude_ids) | {hit.id for hit in hits}
+        near = self.archive.neighbours_of([hit.id for hit in hits]) if hits else {}
         for hit in hits:
-            partner = self._partner(hit)
+            partner = _partner(hit, *near.get(hit.id, (None, None)))
             if partner is not None and partner.id not in known:
                 known.add(partner.id)
                 entries.append(self.entry(partner, near=True))
@@ -247,16 +248,6 @@ class Recall:
             return found
         return _newer_first(found)
 
-    def _partner(self, hit: SearchHit) -> MessageRecord | None:
-        """The reply to HIT when it is a question, or the question HIT replies to."""
-        before, after = self.archive.neighbours(hit.id)
-        speaker = (hit.role, hit.sender)
-        if after is not None and _asks(hit.text) and (after.role, after.sender) != speaker:
-            return after
-        if before is not None and _asks(before.text) and (before.role, before.sender) != speaker:
-            return before
-        return None
-
     def explain(self, thread: Thread, query: str, *, k: int = 10) -> str:
         """What recall brings for QUERY and why: the period and words searched, then per
         hit its score, date, where, the words it matched and its text (for /recall);
@@ -305,6 +296,18 @@ class Recall:
 
 
 _MARKED = re.compile(r"\[([^\]]+)\]")
+
+
+def _partner(hit: SearchHit, before: MessageRecord | None, after: MessageRecord | None
+             ) -> MessageRecord | None:
+    """The reply to HIT when it is a question (AFTER, the next message), or the question
+    HIT replies to (BEFORE, the message before it), if either is."""
+    speaker = (hit.role, hit.sender)
+    if after is not None and _asks(hit.text) and (after.role, after.sender) != speaker:
+        return after
+    if before is not None and _asks(before.text) and (before.role, before.sender) != speaker:
+        return before
+    return None
 
 
 def _asks(text: str) -> bool:

@@ -320,8 +320,13 @@ class Archive:
 
     def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
         """The messages just before and after MESSAGE_ID in its thread (None: none)."""
+        return self.neighbours_of([message_id]).get(message_id, (None, None))
+
+    def neighbours_of(self, message_ids: Iterable[str]
+                      ) -> dict[str, tuple[MessageRecord | None, MessageRecord | None]]:
+        """`neighbours` of each of MESSAGE_IDS, by one query (an unknown id is left out)."""
         with self._reading() as index:
-            return index.neighbours(message_id)
+            return index.neighbours_of(message_ids)
 
     @contextmanager
     def _reading(self) -> Iterator[MessageIndex]:

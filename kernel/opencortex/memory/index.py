@@ -37,7 +37,7 @@ from opencortex.memory.partitions import (DEFAULT_TOKENIZER, Partition, Partitio
                                           fts_tables, thread_token, NOT_CONTROL)  # noqa: F401
 from opencortex.memory.ranking import RankedSearch
 from opencortex.memory.records import MessageRecord
-from opencortex.memory.rows import COLUMNS, is_control, record_fields
+from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_fields
 
 log = logging.getLogger(__name__)
 
@@ -304,15 +304,31 @@ class MessageIndex(RankedSearch):
     def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
         """The conversation messages just before and just after MESSAGE_ID in its thread's
         file (None at either end, or both when MESSAGE_ID is not indexed)."""
-        row = self._db.execute("SELECT channel, chat_id, offset FROM messages WHERE id = ?",
-                               (message_id,)).fetchone()
-        if row is None:
-            return None, None
-        found = []
-        for sign, order in (("<", "DESC"), (">", "ASC")):
-            near = self._db.execute(
-                f"SELECT {COLUMNS} FROM messages WHERE channel = ? AND chat_id = ? AND "
-                f"offset {sign} ? AND {NOT_CONTROL} ORDER BY offset {order} LIMIT 1",
-                row).fetchone()
-            found.append(None if near is None else MessageRecord(**record_fields(near)))
-        return found[0], found[1]
+        return self.neighbours_of([message_id]).get(message_id, (None, None))
+
+    def neighbours_of(self, message_ids: Iterable[str]
+                      ) -> dict[str, tuple[MessageRecord | None, MessageRecord | None]]:
+        """`neighbours` of each of MESSAGE_IDS that is indexed, read by one query."""
+        found: dict[str, list[MessageRecord | None]] = {}
+        for message_id, after, *row in self._db.execute(
+                _NEIGHBOURS, (json.dumps(list(message_ids)),)):
+            pair = found.setdefault(message_id, [None, None])
+            if row[0] is not None:
+                pair[after] = MessageRecord(**record_fields(row))
+        return {message_id: (before, after) for message_id, (before, after) in found.items()}
+
+
+def _nearest(sign: str, order: str) -> str:
+    """SQL for the seq of the conversation message nearest to message h, on the SIGN side."""
+    return (f"(SELECT n.seq FROM messages n WHERE n.channel = h.channel AND "
+            f"n.chat_id = h.chat_id AND n.offset {sign} h.offset AND {NOT_CONTROL} "
+            f"ORDER BY n.offset {order} LIMIT 1)")
+
+
+# Each indexed message of a JSON list of ids, with its neighbour before (after = 0)
+# and after (1), or one row of NULLs when it has none (`extra` is n's: the innermost).
+_NEIGHBOURS = (
+    f"WITH near (id, before, after) AS (SELECT h.id, {_nearest('<', 'DESC')}, "
+    f"{_nearest('>', 'ASC')} FROM messages h WHERE h.id IN (SELECT value FROM json_each(?))) "
+    f"SELECT near.id, m.seq IS near.after, {columns_of('m')} "
+    f"FROM near LEFT JOIN messages m ON m.seq IN (near.before, near.after)")

@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
+from contextlib import closing
 
 from opencortex.events import Thread
 from opencortex.memory.partitions import Partitions, thread_token
 from opencortex.memory.query import query_phrases
 from opencortex.memory.records import SearchHit
-from opencortex.memory.rows import COLUMNS, is_control, record_fields
+from opencortex.memory.rows import columns_of, is_control, record_fields
 
 log = logging.getLogger(__name__)
 
@@ -61,25 +62,23 @@ class RankedSearch:
             return []
         scope = None if threads is None else {Thread(*thread) for thread in threads}
         exclude = set(exclude_ids)
-        found: list[tuple[tuple, int, float, str, str]] = []   # key, rowid, rank, table, words
+
+        def returnable(row: tuple) -> bool:
+            """Whether a matched ROW may be returned: indexed, not excluded, in scope."""
+            return (row[2] is not None and row[2] not in exclude
+                    and (scope is None or Thread(row[5], row[6]) in scope))
+        found: list[tuple[tuple, tuple, str, str]] = []       # key, row, table, words
         for table, tokens in self._targets(scope):
-            found += self._search_table(table, tokens, phrases, limit + len(exclude), window)
-        if not found:
-            return []
+            found += self._search_table(table, tokens, phrases, (limit, len(exclude)),
+                                        window, returnable)
         found.sort(key=lambda item: item[0])
-        rowids = [item[1] for item in found]
-        marks = ", ".join("?" * len(rowids))
-        rows = {row[-1]: row for row in self._db.execute(
-            f"SELECT {COLUMNS}, seq FROM messages WHERE seq IN ({marks})", rowids)}
-        kept = [item for item in found
-                if item[1] in rows and rows[item[1]][0] not in exclude
-                and (scope is None or Thread(*rows[item[1]][3:5]) in scope)][:limit]
+        kept = found[:limit]
         marked = self._snippets(kept) if snippets else {}
         hits = []
-        for _, rowid, rank, _, _ in kept:
-            record = record_fields(rows[rowid])
+        for _, row, _, _ in kept:
+            record = record_fields(row[2:])
             if not is_control(record["extra"]):    # an index built before control records
-                hits.append(SearchHit(**record, score=-rank, snippet=marked.get(rowid, "")))
+                hits.append(SearchHit(**record, score=-row[1], snippet=marked.get(row[0], "")))
         return hits
 
     def _targets(self, scope: set[Thread] | None) -> list[tuple[str, list[str] | None]]:
@@ -98,25 +97,28 @@ class RankedSearch:
         return targets
 
     def _search_table(self, table: str, tokens: list[str] | None, phrases: list[str],
-                      wanted: int, window: tuple[float, float] | None
-                      ) -> list[tuple[tuple, int, float, str, str]]:
-        """Ranked (or, failing that, newest) matches in one owner's TABLE."""
+                      wanted: tuple[int, int], window: tuple[float, float] | None,
+                      returnable: Callable[[tuple], bool]
+                      ) -> list[tuple[tuple, tuple, str, str]]:
+        """Ranked (or, failing that, newest) matches in one owner's TABLE: the first
+        WANTED[0] RETURNABLE ones among the first WANTED[0] + WANTED[1] (the number
+        of excluded messages) matches."""
         rare = self._rarest(table, phrases)
         words = f"text:({' OR '.join(rare or phrases)})"
         match = words if tokens is None else f"thread:({' OR '.join(tokens)}) AND {words}"
         ranked = None
         if rare:
-            ranked = self._matches(table, match, wanted, "f.rank", window,
+            ranked = self._matches(table, match, wanted, "f.rank", window, returnable,
                                    time_limit=SEARCH_TIME_LIMIT)
             if ranked is not None:
-                return [((0, rank), rowid, rank, table, words) for rowid, rank in ranked]
-        newest = self._matches(table, match, wanted, "f.rowid DESC", window) or []
-        return [((1, -rowid), rowid, rank, table, words) for rowid, rank in newest]
+                return [((0, row[1]), row, table, words) for row in ranked]
+        newest = self._matches(table, match, wanted, "f.rowid DESC", window, returnable) or []
+        return [((1, -row[0]), row, table, words) for row in newest]
 
-    def _snippets(self, kept: list[tuple[tuple, int, float, str, str]]) -> dict[int, str]:
+    def _snippets(self, kept: list[tuple[tuple, tuple, str, str]]) -> dict[int, str]:
         """rowid -> snippet of the matched words, for the KEPT matches."""
         snippets: dict[int, str] = {}
-        for _, rowid, _, table, words in kept:       # one seek per row: no full match list
+        for _, (rowid, *_), table, words in kept:    # one seek per row: no full match list
             row = self._db.execute(
                 f"SELECT snippet({table}, 0, '[', ']', '…', 12) FROM {table} "
                 f"WHERE {table} MATCH ? AND rowid = ?", (words, rowid)).fetchone()
@@ -166,24 +168,29 @@ class RankedSearch:
             self._common.add((table, phrase))
         return found
 
-    def _matches(self, table: str, match: str, limit: int, order: str,
-                 window: tuple[float, float] | None = None,
-                 time_limit: float | None = None) -> list[tuple[int, float]] | None:
-        """(rowid, rank) of the first LIMIT matches in ORDER (said within WINDOW, if
-        given); None when TIME_LIMIT ran out."""
-        sql = (f"SELECT f.rowid, f.rank FROM {table} f WHERE f.{table} MATCH ? "
-               f"ORDER BY {order} LIMIT ?")
-        values: tuple = (match, limit)
+    def _matches(self, table: str, match: str, wanted: tuple[int, int], order: str,
+                 window: tuple[float, float] | None, returnable: Callable[[tuple], bool],
+                 time_limit: float | None = None) -> list[tuple] | None:
+        """The first WANTED[0] RETURNABLE of the first sum(WANTED) matches in ORDER (said
+        within WINDOW, if given), each (rowid, rank, COLUMNS...) with COLUMNS None for
+        a match the messages table lacks; None when TIME_LIMIT ran out.
+
+        Matches are read one by one and only until enough are returnable, so the
+        messages ranked past them are never read."""
+        count, extra = wanted
+        join, when = "LEFT JOIN", ""          # LEFT: a match without its message is read
         if window is not None:
-            sql = (f"SELECT f.rowid, f.rank FROM {table} f JOIN messages m ON m.seq = f.rowid "
-                   f"WHERE f.{table} MATCH ? AND m.epoch >= ? AND m.epoch < ? "
-                   f"ORDER BY {order} LIMIT ?")
-            values = (match, *window, limit)
+            join, when = "JOIN", " AND m.epoch >= ? AND m.epoch < ?"
+        sql = (f"SELECT f.rowid, f.rank, {columns_of('m')} FROM {table} f "
+               f"{join} messages m ON m.seq = f.rowid WHERE f.{table} MATCH ?{when} "
+               f"ORDER BY {order} LIMIT ?")
+        values = (match, *(window or ()), count + extra)
         if time_limit is not None:
             deadline = time.monotonic() + time_limit
             self._db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
         try:
-            return self._db.execute(sql, values).fetchall()
+            with closing(self._db.execute(sql, values)) as rows:   # read ends with it
+                return _first(rows, returnable, count)
         except sqlite3.OperationalError as error:
             if time_limit is not None and "interrupt" in str(error):
                 log.info("ranked search ran past %.2f s; returning the newest matches",
@@ -194,3 +201,17 @@ class RankedSearch:
         finally:
             if time_limit is not None:
                 self._db.set_progress_handler(None, 0)
+
+
+def _first(rows: Iterable[tuple], returnable: Callable[[tuple], bool], count: int
+           ) -> list[tuple]:
+    """The first COUNT of ROWS that are RETURNABLE (ROWS is read no further)."""
+    taken = []
+    if count <= 0:
+        return taken
+    for row in rows:
+        if returnable(row):
+            taken.append(row)
+            if len(taken) == count:
+                break
+    return taken

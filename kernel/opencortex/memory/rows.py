@@ -9,6 +9,11 @@ CONTROL_KEY = "CONTROL"     # extra property marking a control record (never sea
 COLUMNS = "id, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra"
 
 
+def columns_of(alias: str) -> str:
+    """COLUMNS as read from the table named ALIAS in a query ("m" -> "m.id, m.role, ...")."""
+    return ", ".join(f"{alias}.{name.strip()}" for name in COLUMNS.split(","))
+
+
 def is_control(extra: Mapping[str, str]) -> bool:
     """True for a control record (branch/head/pin bookkeeping, not conversation)."""
     return CONTROL_KEY in extra
