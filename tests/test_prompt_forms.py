@@ -8,11 +8,13 @@ skills and pinned to the conversation as a turn would be.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from opencortex.config import ChatSettings
+from opencortex.conversation.entries import Entry
 from opencortex.events import CHANNELS, chat_message
 from opencortex.pinning import pin
 from opencortex.skills import SkillContext, SkillRegistry
@@ -120,3 +122,20 @@ def test_tool_signatures_are_exact_forms():
     assert clock is not None
     assert clock.signature() == '(:type :REQUEST :target :tool :action :call :tool "clock")'
     assert ":args" not in TOOLS.descriptions()["clock"]
+
+
+
+def test_history_is_cleaned_and_trimmed_alike_every_turn():
+    """Noise is purged and each text trimmed to its last history-chars characters, short
+    texts (whose result the skill remembers) and long ones alike, turn after turn."""
+    _, ctx = system_prompt("cli")
+    ctx = replace(ctx, history=[
+        Entry(id="q", role="user", text="Thinking...what is it? System Error: boom", turn=1),
+        Entry(id="a", role="assistant", text="x" * 5000 + " the end", turn=1)])
+    skill = SKILLS.get("chat")
+    assert skill is not None and skill.probabilistic is not None
+    first, again = (skill.probabilistic(ctx)["messages"] for _ in range(2))
+    assert first == again
+    question, answer, _ = (message["content"] for message in first)
+    assert question == "what is it?"
+    assert len(answer) == ChatSettings().history_chars and answer.endswith("x the end")
