@@ -1,5 +1,5 @@
-"""A real `KernelEpcServer` in the test process: its asyncio loop and its accept loop
-each on a thread of their own, both stopped (bounded) by `stop`."""
+"""A real `KernelEpcServer` in the test process, served by an asyncio loop on a thread
+of its own, both stopped (bounded) by `stop`."""
 
 from __future__ import annotations
 
@@ -18,19 +18,19 @@ class LoopServer:
         self.loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.loop_thread.start()
         self.server = KernelEpcServer(self.loop, secret, methods, **options)
-        self.serve_thread = threading.Thread(target=self.server.serve_forever,
-                                             kwargs={"poll_interval": 0.05}, daemon=True)
-        self.serve_thread.start()
+        self.on_loop(self.server.start())
 
     @property
     def port(self) -> int:
         return self.server.port
 
+    def on_loop(self, coroutine: Any, timeout: float = 10.0) -> Any:
+        """Run COROUTINE on the server's loop and wait (bounded) for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
     def stop(self) -> None:
-        """Stop accepting, close the server, then stop and close the loop."""
-        self.server.shutdown()
-        self.server.server_close()
+        """Close the server and its connections, then stop and close the loop."""
+        self.on_loop(self.server.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.serve_thread.join(10)
         self.loop_thread.join(10)
         self.loop.close()

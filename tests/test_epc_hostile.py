@@ -20,7 +20,8 @@ from sexpdata import Symbol
 
 from epc_loop import LoopServer
 from opencortex.epc import current_connection
-from opencortex.epc_frames import FrameError, frame_length, read_frame_before
+from opencortex.epc_connection import INLINE_DECODE_BYTES
+from opencortex.epc_frames import HEAD_BYTES, FrameError, frame_length
 
 SECRET = "the-right-secret"
 BLOB = "b" * (16 << 10)
@@ -31,6 +32,7 @@ class InProcessServer(LoopServer):
 
     def __init__(self, **options):
         self.connected: list = []
+        self.noted: list[str] = []
         super().__init__(SECRET, self.methods(), **options, on_connect=self.connected.append)
 
     def methods(self):
@@ -43,7 +45,11 @@ class InProcessServer(LoopServer):
         async def whose():
             return id(current_connection.get())
 
-        return {"ping": ping, "blob": blob, "whose": whose}
+        async def note(text):
+            self.noted.append(text[:10])
+            return len(self.noted)
+
+        return {"ping": ping, "blob": blob, "whose": whose, "note": note}
 
 
 @pytest.fixture
@@ -79,11 +85,23 @@ class RawClient:
 
     def receive(self, timeout: float = 10.0):
         """The next message as (name, uid, args), or None when the server closed."""
+        deadline = time.monotonic() + timeout
         try:
-            frame = read_frame_before(self.sock, 16 << 20, time.monotonic() + timeout)
-        except (FrameError, ConnectionResetError):
+            length = frame_length(self.receive_exactly(HEAD_BYTES, deadline), 16 << 20)
+            return unpack_message(self.receive_exactly(length, deadline))
+        except (FrameError, OSError):
             return None
-        return None if frame is None else unpack_message(frame)
+
+    def receive_exactly(self, size: int, deadline: float) -> bytes:
+        """SIZE bytes; FrameError when the server closes first, OSError past DEADLINE."""
+        data = b""
+        while len(data) < size:                   # each pass receives, or ends the loop
+            self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                raise FrameError("closed by the server")
+            data += chunk
+        return data
 
     def call(self, method: str, *args, timeout: float = 10.0):
         """Send a call and return the next message (name, uid, args)."""
@@ -316,3 +334,30 @@ def test_each_method_runs_with_its_own_connection(serve_epc, raw_clients):
     by_connection = {id(c): c for c in server.connected}
     one, two = (by_connection[client.call("whose")[2][0]] for client in (first, second))
     assert one is not two
+
+
+def test_calls_start_in_the_order_sent_when_a_big_one_is_decoded_off_the_loop(serve_epc,
+                                                                               raw_clients):
+    """A frame over INLINE_DECODE_BYTES is decoded on a worker thread; the small calls
+    sent right behind it, in the same write, still start after it."""
+    server = serve_epc()
+    client = raw_clients(server.port)
+    client.authenticate()
+    texts = [("big-%d " % i) + "x" * (INLINE_DECODE_BYTES * 2) if i % 3 == 0 else f"small-{i}"
+             for i in range(12)]
+    client.send_raw(b"".join(encode_message("call", 100 + i, Symbol("note"), [text])
+                             for i, text in enumerate(texts)))
+    answers = {client.receive()[1] for _ in texts}
+    assert answers == {100 + i for i in range(12)}
+    assert server.noted == [text[:10] for text in texts]
+
+
+def test_answers_to_calls_the_kernel_never_made_are_dropped(serve_epc, raw_clients, caplog):
+    server = serve_epc()
+    client = raw_clients(server.port)
+    client.authenticate()
+    client.send_raw(encode_message("return", 424242, "forged")
+                    + encode_message("return-error", [1, 2], "odd uid")
+                    + encode_message("epc-error", 7, "x"))
+    assert client.call("ping", "after")[2] == ["after"]
+    assert "forged" not in caplog.text and "odd uid" not in caplog.text

@@ -1,44 +1,37 @@
-"""Reading EPC frames from a peer that may be hostile.
+"""EPC frames from a peer that may be hostile, parsed from bytes as they arrive.
 
 An EPC frame is 6 hexadecimal digits giving the length of the body, then the
 body.  python-epc trusts the prefix (`-00001` reads until the peer closes);
 here the prefix is checked, and the length bounded, before any of the body is
-read.  Two readers:
+kept.  `FrameBuffer` does no I/O: the connection feeds it what the socket gave
+and takes whole frames out, one at a time, so a cap changed between two frames
+(after authentication) applies from the next one.
 
-- `read_frame_before(sock, cap, deadline)`: before authentication; reads the
-  raw socket with an absolute deadline, so a slow or silent peer costs at most
-  the deadline, and a frame over the (small) cap is refused unread.
-- `read_frame(stream, cap)`: after authentication; blocking.  A frame over the
-  cap is drained in pieces and returned as an `Oversized` marker (its first
-  bytes only), so the connection stays usable and memory stays bounded.
+- Strict (before authentication): a frame over the cap is a `FrameError`, and
+  none of its body is kept.
+- Draining (after): a frame over the cap is skipped as it arrives, keeping only
+  its first bytes, and comes out as an `Oversized` marker, so the connection
+  stays usable and memory stays bounded (the cap plus what one read gives).
 """
 
 from __future__ import annotations
 
 import re
-import socket
-import time
 from dataclasses import dataclass
-from typing import BinaryIO
 
 HEAD_BYTES = 6
 FRAME_LIMIT = 0xFFFFFF
 HEX_HEAD = re.compile(rb"[0-9a-fA-F]{6}")
 KEPT_OF_OVERSIZED = 64
-DRAIN_PIECE = 64 << 10
 
 
 class FrameError(ValueError):
     """The peer broke the framing: the connection cannot go on."""
 
 
-class FrameTimeout(FrameError):
-    """The peer did not send a whole frame before the deadline."""
-
-
 @dataclass(frozen=True)
 class Oversized:
-    """A frame over the cap, read and dropped: its length and its first bytes."""
+    """A frame over the cap, dropped as it arrived: its length and its first bytes."""
 
     length: int
     start: bytes
@@ -54,63 +47,64 @@ def frame_length(head: bytes, cap: int) -> int:
     return length
 
 
-def recv_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
-    """SIZE bytes from SOCK, or b"" at a clean end of stream before the first byte.
+class FrameBuffer:
+    """Bytes in, frames out: `feed` what arrived, then `next_frame` until None."""
 
-    FrameTimeout when DEADLINE (time.monotonic) passes; FrameError when the peer
-    closes in the middle.  Each pass receives at least one byte or ends the loop."""
-    parts: list[bytes] = []
-    received = 0
-    while received < size:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise FrameTimeout("no complete message before the deadline")
-        sock.settimeout(remaining)
-        try:
-            chunk = sock.recv(min(size - received, DRAIN_PIECE))
-        except socket.timeout:
-            raise FrameTimeout("no complete message before the deadline") from None
-        if not chunk:
-            if received == 0:
-                return b""
-            raise FrameError("the connection closed in the middle of a message")
-        parts.append(chunk)
-        received += len(chunk)
-    return b"".join(parts)
+    def __init__(self, cap: int, *, strict: bool = True):
+        self.cap = cap
+        self.strict = strict
+        self._data = bytearray()
+        self._skipping: Oversized | None = None    # a frame being dropped as it arrives
+        self._left = 0                             # its bytes still to come
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held, waiting for the rest of their frame."""
+        return len(self._data)
 
-def read_frame_before(sock: socket.socket, cap: int, deadline: float) -> bytes | None:
-    """The next frame's body from SOCK, None at end of stream; FrameError otherwise."""
-    head = recv_exactly(sock, HEAD_BYTES, deadline)
-    if not head:
-        return None
-    length = frame_length(head, cap)
-    body = recv_exactly(sock, length, deadline)
-    if len(body) < length:
-        raise FrameError("the connection closed in the middle of a message")
-    return body
+    def feed(self, data: bytes) -> None:
+        """Take DATA (any amount; an oversized frame's body is dropped as it comes)."""
+        if self._skipping is not None and not self._data:
+            dropped = min(len(data), self._left)
+            self._left -= dropped
+            data = data[dropped:]
+        self._data += data
 
+    def next_frame(self) -> bytes | Oversized | None:
+        """The next whole frame (its body), Oversized past the cap when draining, None
+        until more bytes arrive; FrameError when the framing is broken."""
+        if self._skipping is not None:
+            return self._finish_skipping()
+        data = self._data
+        if len(data) < HEAD_BYTES:
+            return None
+        length = frame_length(bytes(data[:HEAD_BYTES]),
+                              self.cap if self.strict else FRAME_LIMIT)
+        if length > self.cap:
+            return self._start_skipping(length)
+        end = HEAD_BYTES + length
+        if len(data) < end:
+            return None
+        body = bytes(data[HEAD_BYTES:end])
+        del data[:end]
+        return body
 
-def read_exactly(stream: BinaryIO, size: int) -> bytes:
-    """SIZE bytes from the buffered STREAM; FrameError when it ends first."""
-    data = stream.read(size) if size else b""
-    if len(data) < size:
-        raise FrameError("the connection closed in the middle of a message")
-    return data
+    def _start_skipping(self, length: int) -> Oversized | None:
+        """Drop the frame of LENGTH bytes whose head starts the buffer; keep its start."""
+        kept = HEAD_BYTES + min(length, KEPT_OF_OVERSIZED)
+        if len(self._data) < kept:
+            return None                    # its start is kept whole: wait for it
+        start = bytes(self._data[HEAD_BYTES:kept])
+        self._skipping, self._left = Oversized(length, start), length
+        del self._data[:HEAD_BYTES]
+        return self._finish_skipping()
 
-
-def read_frame(stream: BinaryIO, cap: int) -> bytes | Oversized | None:
-    """The next frame from STREAM: its body, Oversized past CAP, None at end of stream."""
-    head = stream.read(HEAD_BYTES)
-    if not head:
-        return None
-    if len(head) < HEAD_BYTES:
-        raise FrameError("the connection closed in the middle of a message")
-    length = frame_length(head, FRAME_LIMIT)
-    if length <= cap:
-        return read_exactly(stream, length)
-    start = read_exactly(stream, KEPT_OF_OVERSIZED)
-    left = length - len(start)
-    while left > 0:                       # bounded: each piece shortens LEFT or raises
-        left -= len(read_exactly(stream, min(left, DRAIN_PIECE)))
-    return Oversized(length, start)
+    def _finish_skipping(self) -> Oversized | None:
+        """Drop what is buffered of the skipped frame; the marker once it has all gone."""
+        dropped = min(len(self._data), self._left)
+        del self._data[:dropped]
+        self._left -= dropped
+        if self._left:
+            return None
+        skipped, self._skipping = self._skipping, None
+        return skipped

@@ -38,7 +38,6 @@ import signal
 import socket
 import stat
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -210,15 +209,12 @@ async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.Abstrac
     _warn_at_start(kernel)
     await kernel.start(wait=False)   # MCP servers: their tools join as each comes up
     bridging = _start_bridges(config, kernel, stop)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                              daemon=True, name="opencortex-epc")
-    thread.start()
+    await server.start()
     try:
         await stop.wait()
     finally:
         await _finish_turns(service, bridging, config.stop_grace)
-        server.shutdown()
-        server.server_close()
+        await server.close()
         if wire is not None:
             await wire.close()
         await kernel.aclose()

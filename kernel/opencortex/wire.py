@@ -39,7 +39,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from opencortex.approvals import ApprovalBook
-from opencortex.epc import ThrottledLog
+from opencortex.throttled_log import ThrottledLog
 from opencortex.kernel import Kernel
 from opencortex.wire_protocol import ProtocolError, error_data, parse_frame
 from opencortex.wire_service import CHANNEL, TurnLimits, WireService
