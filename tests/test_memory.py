@@ -6,6 +6,7 @@ Torn writes and crash safety: tests/test_archive_torn.py, tests/test_archive_cra
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 import uuid
 
@@ -18,7 +19,7 @@ from archive_helpers import LOCAL, entry_ends, make_record, orgparse_records, sa
 from opencortex.events import Thread
 from opencortex.memory import (Archive, NewMessage, SearchHit, decode_body, decode_value,
                                encode_body, encode_value, safe_name)
-from opencortex.memory.orgformat import parse_entry, render_entry, render_header
+from opencortex.memory.orgformat import LINE_BREAKS, parse_entry, render_entry, render_header
 from opencortex.memory.records import RESERVED_KEYS
 
 # Fragments that org or orgparse would read as structure, dates, or line breaks.
@@ -74,6 +75,19 @@ def test_property_values_stay_one_line_and_round_trip(sender, chat_id, extra):
     assert orgparse_records(render_header(thread) + entry, from_text=True) == [record]
     assert parse_entry(entry.encode("utf-8")) == record
     assert decode_value(encode_value(sender)) == sender
+
+
+@settings(max_examples=400, deadline=None)
+@given(any_text)
+def test_a_value_is_encoded_exactly_where_org_would_misread_it(value):
+    """`encode_value` (which leaves plain values alone at once) percent-encodes exactly
+    `%`, `[`, `<`, line breaks, control characters and blanks at either end."""
+    def needs_encoding(i: int, char: str) -> bool:
+        return (char in "%[<" or char in LINE_BREAKS or unicodedata.category(char) == "Cc"
+                or (char.isspace() and i in (0, len(value) - 1)))
+    expected = "".join("".join(f"%{byte:02X}" for byte in char.encode("utf-8"))
+                       if needs_encoding(i, char) else char for i, char in enumerate(value))
+    assert encode_value(value) == re.sub(r"(?i):(?=(?:end|properties):)", "%3A", expected)
 
 
 def test_structure_lines_get_one_more_comma():

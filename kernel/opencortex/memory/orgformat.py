@@ -66,6 +66,9 @@ LINE_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 CONTROLS = "\x00-\x08\x0b-\x1f\x7f-\x9f"
 _BODY_NEEDS_PERCENT = re.compile(rf"[{CONTROLS}{LINE_BREAKS}]|[\[<]\d|-\s+State\s")
 _BODY_PERCENTED = re.compile(rf"[%\[<{CONTROLS}{LINE_BREAKS}]")
+# A value `encode_value` leaves as it is (but for `_DRAWER_WORD`): no `%`, `[`, `<`, line
+# break or control character (Unicode category Cc), and no blank at either end.
+_VALUE_PLAIN = re.compile(rf"(?!\s)[^%\[<\x00-\x1f\x7f-\x9f{LINE_BREAKS}]*(?<!\s)")
 _PART = re.compile(r"([1-9][0-9]{0,8})/([1-9][0-9]{0,8})")
 _STRUCTURE = re.compile(r"\*|\s*#\+|\s*:[\w-]*:\s*\Z")
 _DRAWER_WORD = re.compile(r":(?=(?:end|properties):)", re.IGNORECASE)
@@ -108,6 +111,8 @@ def _percent(char: str) -> str:
 
 def encode_value(value: str) -> str:
     """Encode VALUE so that it reads back exactly as one org property value."""
+    if _VALUE_PLAIN.fullmatch(value):          # most values: nothing to encode
+        return _DRAWER_WORD.sub("%3A", value)
     last = len(value) - 1
     out = []
     for i, char in enumerate(value):
