@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from opencortex.events import Thread
+from opencortex.ids import random_uuid
 from opencortex.llm import Usage
 from opencortex.verification import jsonable
 
 def new_turn_id() -> str:
-    return uuid.uuid4().hex[:16]
+    return random_uuid().hex[:16]
 
 
 class TurnFailed(Exception):

@@ -22,7 +22,6 @@ re-exported here.
 from __future__ import annotations
 
 import math
-import uuid
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -31,6 +30,7 @@ from opencortex.conversation.similarity import (
     EmbeddingSimilarity, LexicalSimilarity, Similarity, similarity_from_name)
 from opencortex.conversation.summaries import (
     Summarizer, backend_summarizer, extract_summary, extractive_summarizer, fit_tokens)
+from opencortex.ids import random_uuid
 
 __all__ = [
     "STRATEGIES", "CompressionReport", "EmbeddingSimilarity", "Folding", "LexicalSimilarity",
@@ -222,7 +222,7 @@ async def _summarized(entries: list[Entry], movable: Sequence[bool], k: int, all
     covers: list[str] = []
     for entry in folded:
         covers.extend(entry.covers if entry.kind == "summary" and entry.covers else (entry.id,))
-    summary = Entry(id=f"summary:{uuid.uuid4()}", role="system", text=text,
+    summary = Entry(id=f"summary:{random_uuid()}", role="system", text=text,
                     turn=first, retention="REQUIRED", kind="summary",
                     tokens=max(1, count_tokens(text)), covers=tuple(dict.fromkeys(covers)))
     gone = set(chosen)

@@ -11,10 +11,10 @@ Nothing is written to disk; a restart forgets it all.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 
 from opencortex.events import Thread
+from opencortex.ids import random_uuid
 from opencortex.memory.records import MessageRecord, NewMessage, check_thread
 
 THREAD_LIMIT = 2000   # records kept per thread
@@ -45,7 +45,7 @@ class WorkingMemory:
             parent = message.parent if message.parent != "auto" else \
                 (kept[-1].id if kept else None)
             record = MessageRecord(
-                id=str(uuid.uuid4()), role=message.role, text=message.text,
+                id=str(random_uuid()), role=message.role, text=message.text,
                 channel=message.thread.channel, chat_id=message.thread.chat_id,
                 sender=message.sender, parent=parent, turn_type=message.turn_type,
                 timestamp=now if message.timestamp is None else message.timestamp,

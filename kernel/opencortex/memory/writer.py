@@ -31,7 +31,6 @@ import logging
 import os
 import queue
 import threading
-import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from contextlib import ExitStack
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from opencortex.events import Thread
+from opencortex.ids import random_uuid
 from opencortex.memory.orgformat import Part, render_entry, render_header
 from opencortex.memory.records import MessageRecord, NewMessage
 from opencortex.memory.threadfile import (ArchiveError, locked, settle_tail, sync_directory,
@@ -220,7 +220,7 @@ def _render(pending: _Pending, last: str | None, size: int) -> bytes:
             if message.parent != "auto":
                 parent = message.parent
             record = MessageRecord(
-                id=job.ids[position] or str(uuid.uuid4()), role=message.role,
+                id=job.ids[position] or str(random_uuid()), role=message.role,
                 text=message.text, channel=thread.channel, chat_id=thread.chat_id,
                 sender=message.sender, parent=parent, turn_type=message.turn_type,
                 timestamp=job.now if message.timestamp is None else message.timestamp,
