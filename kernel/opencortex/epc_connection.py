@@ -29,9 +29,10 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
-from epc.handler import encode_message, unpack_message
+from epc.handler import unpack_message
 from sexpdata import Symbol
 
+from opencortex.epc_codec import encode_message
 from opencortex.epc_frames import FRAME_LIMIT, HEAD_BYTES, FrameBuffer, FrameError, Oversized
 
 if TYPE_CHECKING:

@@ -1,0 +1,66 @@
+"""EPC messages to bytes: what python-epc's `encode_message` writes, at a fraction
+of the cost.
+
+python-epc prints a message with `sexpdata.dumps`, which dispatches every value
+through `functools.singledispatch` and wraps lists in helper objects: ~30 µs for
+a streamed chunk, on the event loop, several times a turn.  This printer covers
+the values the kernel sends (strings, symbols, ints, floats, t/nil, lists,
+tuples, mappings as plists) with the same output, byte for byte (a property test
+holds it to `sexpdata.dumps`); anything else goes to sexpdata as before.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import sexpdata
+from sexpdata import Symbol
+
+STRING_SPECIALS = re.compile(r'[\\"\b\f\n\r\t]')
+STRING_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\b", "\\b"), ("\f", "\\f"),
+                  ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
+SYMBOL_SPECIALS = re.compile(r"""[\\'`"()\[\] ,?;#]""")
+
+
+def encode_message(name: str, *args: Any) -> bytes:
+    """The EPC frame of (NAME ARGS...): 6 hex digits of length, the form, a newline."""
+    data = f"({_symbol(name)}{''.join(' ' + _value(a) for a in args)})".encode("utf-8")
+    return b"%06x%s\n" % (len(data) + 1, data)
+
+
+def _string(text: str) -> str:
+    if STRING_SPECIALS.search(text):
+        for raw, quoted in STRING_ESCAPES:
+            text = text.replace(raw, quoted)
+    return f'"{text}"'
+
+
+def _symbol(name: str) -> str:
+    if SYMBOL_SPECIALS.search(name):
+        return sexpdata.dumps(Symbol(name))
+    return name
+
+
+def _value(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        return _string(value)
+    if kind is Symbol:
+        return _symbol(value)
+    if value is None or value is False:
+        return "()"
+    if value is True:
+        return "t"
+    if kind is int or kind is float:
+        return str(value)
+    if kind is list or kind is tuple:
+        return "(" + " ".join(_value(item) for item in value) + ")"
+    if kind is dict:
+        return _plist(value)
+    return sexpdata.dumps(value)
+
+
+def _plist(mapping: Mapping[str, Any]) -> str:
+    return "(" + " ".join(f"{_symbol(':' + key)} {_value(item)}"
+                          for key, item in mapping.items()) + ")"

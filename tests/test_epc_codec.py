@@ -1,0 +1,36 @@
+"""`epc_codec.encode_message` writes exactly what python-epc's encoder writes."""
+
+from __future__ import annotations
+
+from epc.handler import encode_message as python_epc_encode
+from hypothesis import given, settings, strategies as st
+from sexpdata import Symbol
+
+from opencortex.epc_codec import encode_message
+
+TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40) | \
+    st.sampled_from(["", "a\\b", 'say "hi"', "\b\f\n\r\t", "(paren) [x] ;c #h ?q 'a `b ,c",
+                     "é 🌍 世界", ":keyword"])
+ATOMS = (TEXT | TEXT.map(lambda t: Symbol(t or "x")) | st.integers() | st.floats(allow_nan=False)
+         | st.booleans() | st.none())
+VALUES = st.recursive(ATOMS, lambda inner: st.lists(inner, max_size=4)
+                      | st.tuples(inner, inner)
+                      | st.dictionaries(st.text(alphabet="abc-xyz", min_size=1, max_size=8),
+                                        inner, max_size=3), max_leaves=20)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(["call", "return", "return-error", "epc-error", "methods"]),
+       st.lists(VALUES, max_size=4))
+def test_the_same_bytes_as_python_epc(name, args):
+    assert encode_message(name, *args) == python_epc_encode(name, *args)
+
+
+def test_the_messages_the_kernel_sends():
+    for message in [("call", 3, Symbol("opencortex-stream"), ["id", "chunk", "* Reply\n\"x\""]),
+                    ("return", 1, [Symbol(":turn-id"), "abc", Symbol(":queued"), 0]),
+                    ("return", 2, True), ("return-error", 5, "no such method: x"),
+                    ("epc-error", [], "malformed EPC message"),
+                    ("return", 9, [[Symbol("authenticate"), [], ""]]),
+                    ("return", 4, {"turn": 3, "can-send": True, "warning": None})]:
+        assert encode_message(*message) == python_epc_encode(*message)
