@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from epc.handler import encode_message as python_epc_encode
+from epc.handler import encode_message as python_epc_encode, unpack_message
 from hypothesis import given, settings, strategies as st
 from sexpdata import Symbol
 
-from opencortex.epc_codec import encode_message
+from opencortex.epc_codec import decode_message, encode_message
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40) | \
     st.sampled_from(["", "a\\b", 'say "hi"', "\b\f\n\r\t", "(paren) [x] ;c #h ?q 'a `b ,c",
@@ -34,3 +34,26 @@ def test_the_messages_the_kernel_sends():
                     ("return", 9, [[Symbol("authenticate"), [], ""]]),
                     ("return", 4, {"turn": 3, "can-send": True, "warning": None})]:
         assert encode_message(*message) == python_epc_encode(*message)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["call", "return", "return-error"]),
+       st.integers(0, 10**15) | st.sampled_from([[], "x"]),
+       st.lists(VALUES, max_size=3))
+def test_reads_what_python_epc_reads(name, uid, args):
+    frame = python_epc_encode(name, uid, *args)[6:]
+    assert decode_message(frame) == unpack_message(frame)
+
+
+def test_a_plain_return_is_read_without_sexpdata():
+    for frame in (b"(return 12 t)", b"(return 12 nil)", b"(return 12 t)\n",
+                  b"(return 12 tt)", b"(return 12 t) (x)", b"(return  12 t)"):
+        try:
+            expected = unpack_message(frame)
+        except Exception as error:              # sexpdata refuses trailing forms
+            expected = type(error)
+        try:
+            got = decode_message(frame)
+        except Exception as error:
+            got = type(error)
+        assert got == expected, frame

@@ -1,5 +1,5 @@
-"""EPC messages to bytes: what python-epc's `encode_message` writes, at a fraction
-of the cost.
+"""EPC messages to bytes and back: what python-epc's `encode_message` writes and
+`unpack_message` reads, at a fraction of the cost.
 
 python-epc prints a message with `sexpdata.dumps`, which dispatches every value
 through `functools.singledispatch` and wraps lists in helper objects: ~30 µs for
@@ -7,6 +7,8 @@ a streamed chunk, on the event loop, several times a turn.  This printer covers
 the values the kernel sends (strings, symbols, ints, floats, t/nil, lists,
 tuples, mappings as plists) with the same output, byte for byte (a property test
 holds it to `sexpdata.dumps`); anything else goes to sexpdata as before.
+Reading: the commonest message, Emacs's `(return UID t)` (or nil) to a stream
+chunk or a status, is recognised directly; everything else is read by sexpdata.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import re
 from typing import Any, Mapping
 
 import sexpdata
+from epc.handler import unpack_message
 from sexpdata import Symbol
 
 STRING_SPECIALS = re.compile(r'[\\"\b\f\n\r\t]')
 STRING_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\b", "\\b"), ("\f", "\\f"),
                   ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
 SYMBOL_SPECIALS = re.compile(r"""[\\'`"()\[\] ,?;#]""")
+PLAIN_RETURN = re.compile(rb"\(return (\d{1,15}) (t|nil)\)\n?")
 
 
 def encode_message(name: str, *args: Any) -> bytes:
@@ -64,3 +68,12 @@ def _value(value: Any) -> str:
 def _plist(mapping: Mapping[str, Any]) -> str:
     return "(" + " ".join(f"{_symbol(':' + key)} {_value(item)}"
                           for key, item in mapping.items()) + ")"
+
+
+def decode_message(frame: bytes) -> tuple[str, Any, list[Any]]:
+    """FRAME's (name, uid, args), as python-epc's `unpack_message` gives them (sexpdata's
+    errors when it is not a form)."""
+    plain = PLAIN_RETURN.fullmatch(frame)
+    if plain:
+        return "return", int(plain.group(1)), [True if plain.group(2) == b"t" else []]
+    return unpack_message(frame)

@@ -29,10 +29,9 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
-from epc.handler import unpack_message
 from sexpdata import Symbol
 
-from opencortex.epc_codec import encode_message
+from opencortex.epc_codec import decode_message, encode_message
 from opencortex.epc_frames import FRAME_LIMIT, HEAD_BYTES, FrameBuffer, FrameError, Oversized
 
 if TYPE_CHECKING:
@@ -358,7 +357,7 @@ class KernelConnection(asyncio.Protocol):
 def decode(frame: bytes) -> tuple[str, Any, Any] | None:
     """FRAME as (name, uid, args), or None when it is not an EPC message."""
     try:
-        name, uid, args = unpack_message(frame)
+        name, uid, args = decode_message(frame)
     except Exception:               # sexpdata raises many kinds (see KNOWLEDGE.md)
         return None
     return str(name), uid, args
