@@ -230,8 +230,12 @@ class Recall:
             once = {hit.id for hit in unique([r.hit for r in ranked], seen=exclude_ids)}
             ranked = [r for r in ranked if r.hit.id in once]
         kept = []
+        owners: dict[Thread, str] = {}        # each hit's thread's owner, found once
         for item in ranked:
-            if item.hit.thread != thread and self.owner(item.hit.thread) not in allowed:
+            where = item.hit.thread
+            if where not in owners:
+                owners[where] = self.owner(where)
+            if owners[where] not in allowed:
                 log.error("recall: dropped a hit outside the owner's scope")   # never expected
                 continue
             kept.append(item)

@@ -20,6 +20,7 @@ Control records are never put in an FTS table.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sqlite3
 from collections.abc import Callable
@@ -45,8 +46,9 @@ def default_partition(thread: Thread) -> str:
     return LOCAL_PARTITION if thread.channel in LOCAL_CHANNELS else str(thread)
 
 
+@functools.lru_cache(maxsize=4096)
 def thread_token(thread: Thread) -> str:
-    """The single FTS token standing for THREAD."""
+    """The single FTS token standing for THREAD (remembered: one is hashed per insert)."""
     return "t" + hashlib.sha256(str(thread).encode("utf-8")).hexdigest()[:24]
 
 
