@@ -131,7 +131,8 @@ def test_a_recalled_question_brings_its_reply_and_shows_its_date(archive):
 
 def test_the_neighbours_of_several_messages_come_from_one_read(archive):
     """Each known id's conversation neighbours in its own thread, as `neighbours` gives
-    them one at a time: control records are passed over, an unknown id is left out."""
+    them one at a time: control records are passed over, an unknown id is left out, and
+    the message after is looked for only where asked."""
     first, second = archive.append([say("which port?", CLI), say("5433", CLI, role="assistant")])
     archive.append([control(CLI, first.id, "Pinned the port question")])
     [third] = archive.append([say("thanks", CLI)])
@@ -143,6 +144,17 @@ def test_the_neighbours_of_several_messages_come_from_one_read(archive):
         (None, second.id), (first.id, third.id), (second.id, None), (None, None)]
     assert all(near[i] == archive.neighbours(i) for i in ids[:4])
     assert archive.neighbours("no-such-id") == (None, None)
+    only_first = archive.neighbours_of(ids[:2], after_of=[first.id])   # the next one: of first
+    assert only_first == {first.id: near[first.id], second.id: (near[second.id][0], None)}
+
+
+def test_a_recalled_reply_brings_the_question_it_answers(archive):
+    archive.append([say("where do the backups go?", CLI),
+                    say("to the tape library, nightly", CLI, role="assistant"),
+                    say("ok", CLI)])
+    entries = Recall(archive, {}).recall(EMACS, "tape library", k=1)
+    assert [entry.text.split("] ", 1)[1] for entry in entries] == [
+        "to the tape library, nightly", "where do the backups go?"]
 
 
 def test_explain_says_what_matched_when_and_the_period(archive):

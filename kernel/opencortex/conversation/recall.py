@@ -183,7 +183,9 @@ class Recall:
         hits, _ = self.hits(thread, query, k=k, exclude_ids=exclude_ids)
         entries = [self.entry(hit) for hit in hits]
         known = set(exclude_ids) | {hit.id for hit in hits}
-        near = self.archive.neighbours_of([hit.id for hit in hits]) if hits else {}
+        near = self.archive.neighbours_of(      # the reply is looked for after questions
+            [hit.id for hit in hits], after_of=[hit.id for hit in hits if _asks(hit.text)]
+        ) if hits else {}
         for hit in hits:
             partner = _partner(hit, *near.get(hit.id, (None, None)))
             if partner is not None and partner.id not in known:
@@ -304,8 +306,8 @@ _MARKED = re.compile(r"\[([^\]]+)\]")
 
 def _partner(hit: SearchHit, before: MessageRecord | None, after: MessageRecord | None
              ) -> MessageRecord | None:
-    """The reply to HIT when it is a question (AFTER, the next message), or the question
-    HIT replies to (BEFORE, the message before it), if either is."""
+    """The reply to HIT when it is a question (AFTER, the next message: only looked for
+    then), or the question HIT replies to (BEFORE, the message before it), if either is."""
     speaker = (hit.role, hit.sender)
     if after is not None and _asks(hit.text) and (after.role, after.sender) != speaker:
         return after

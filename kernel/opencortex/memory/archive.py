@@ -322,11 +322,12 @@ class Archive:
         """The messages just before and after MESSAGE_ID in its thread (None: none)."""
         return self.neighbours_of([message_id]).get(message_id, (None, None))
 
-    def neighbours_of(self, message_ids: Iterable[str]
+    def neighbours_of(self, message_ids: Iterable[str], *, after_of: Iterable[str] | None = None
                       ) -> dict[str, tuple[MessageRecord | None, MessageRecord | None]]:
-        """`neighbours` of each of MESSAGE_IDS, by one query (an unknown id is left out)."""
+        """`neighbours` of each of MESSAGE_IDS, by one query (an unknown id is left out);
+        the message after only for the ids in AFTER_OF (default: all)."""
         with self._reading() as index:
-            return index.neighbours_of(message_ids)
+            return index.neighbours_of(message_ids, after_of=after_of)
 
     @contextmanager
     def _reading(self) -> Iterator[MessageIndex]:

@@ -306,12 +306,15 @@ class MessageIndex(RankedSearch):
         file (None at either end, or both when MESSAGE_ID is not indexed)."""
         return self.neighbours_of([message_id]).get(message_id, (None, None))
 
-    def neighbours_of(self, message_ids: Iterable[str]
+    def neighbours_of(self, message_ids: Iterable[str], *,
+                      after_of: Iterable[str] | None = None
                       ) -> dict[str, tuple[MessageRecord | None, MessageRecord | None]]:
-        """`neighbours` of each of MESSAGE_IDS that is indexed, read by one query."""
+        """`neighbours` of each of MESSAGE_IDS that is indexed, read by one query; the
+        message after is looked for only for the ids in AFTER_OF (default: all)."""
+        ids = list(message_ids)
         found: dict[str, list[MessageRecord | None]] = {}
-        for message_id, after, *row in self._db.execute(
-                _NEIGHBOURS, (json.dumps(list(message_ids)),)):
+        for message_id, after, *row in self._db.execute(_NEIGHBOURS, (
+                json.dumps(ids), json.dumps(ids if after_of is None else list(after_of)))):
             pair = found.setdefault(message_id, [None, None])
             if row[0] is not None:
                 pair[after] = MessageRecord(**record_fields(row))
@@ -325,10 +328,12 @@ def _nearest(sign: str, order: str) -> str:
             f"ORDER BY n.offset {order} LIMIT 1)")
 
 
-# Each indexed message of a JSON list of ids, with its neighbour before (after = 0)
-# and after (1), or one row of NULLs when it has none (`extra` is n's: the innermost).
+# Each indexed message of a JSON list of ids (?1), with its neighbour before (after = 0)
+# and, if its id is in the list ?2, after (1); one row of NULLs when it has none
+# (`extra` is n's: the innermost).
 _NEIGHBOURS = (
     f"WITH near (id, before, after) AS (SELECT h.id, {_nearest('<', 'DESC')}, "
-    f"{_nearest('>', 'ASC')} FROM messages h WHERE h.id IN (SELECT value FROM json_each(?))) "
+    f"CASE WHEN h.id IN (SELECT value FROM json_each(?2)) THEN {_nearest('>', 'ASC')} END "
+    f"FROM messages h WHERE h.id IN (SELECT value FROM json_each(?1))) "
     f"SELECT near.id, m.seq IS near.after, {columns_of('m')} "
     f"FROM near LEFT JOIN messages m ON m.seq IN (near.before, near.after)")
