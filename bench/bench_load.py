@@ -9,7 +9,8 @@ Figures, each beside its target:
    (echo backend, temporary home); each client sends its next message when the
    reply to the previous one came: messages/s sustained, acknowledgement
    (`send-message`'s return) p50/p99, send -> reply p50/p99, lost / duplicated /
-   misrouted replies and errors (must be 0).
+   misrouted replies and errors (must be 0); and the kernel process's CPU time
+   (user + system, all threads) per turn, steadier than msgs/s on a busy machine.
 2. send -> reply p50/p99 at a fixed offered rate (200 turns/s over the 20
    clients, open loop: sends are scheduled whatever the replies), and lost.
 3. send -> first streamed chunk at the EPC client, one client: p50/p99.  The
@@ -258,9 +259,13 @@ async def served_parts(kernels: list[ServedKernel], size: dict) -> list[dict]:
     parts = (lambda p, s: closed_loop(p, s, size["clients"], size["messages"]),
              lambda p, s: open_loop(p, s, size["clients"], size["rate"], size["offered"]),
              lambda p, s: first_chunk(p, s, size["chunks"]))
-    for part in parts:
+    for number, part in enumerate(parts):
         for result, kernel, secret in zip(results, kernels, secrets):
+            used = kernel.cpu_seconds()
             result.update(await asyncio.wait_for(part(kernel.port, secret), PART_TIMEOUT))
+            if number == 0:
+                turns = size["clients"] * size["messages"]
+                result["EPC kernel CPU ms/turn"] = 1000 * (kernel.cpu_seconds() - used) / turns
     return results
 
 

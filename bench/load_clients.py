@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import re
 import selectors
 import subprocess
@@ -68,6 +69,12 @@ class ServedKernel:
 
     def secret(self) -> str:
         return connection_secret(self.runtime)
+
+    def cpu_seconds(self) -> float:
+        """CPU time the kernel process has used, user and system, all threads."""
+        fields = (Path(f"/proc/{self.process.pid}/stat").read_text()
+                  .rpartition(")")[2].split())
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def errors(self) -> str:
         """The end of the kernel's stderr (never message content: echo turns log none)."""
