@@ -294,7 +294,8 @@ def test_only_the_rarest_words_within_the_match_budget_are_ranked(archive, monke
        excluded=st.sets(st.integers(0, 11)), limit=st.integers(1, 6))
 def test_search_with_exclusions_is_the_full_ranking_without_them(words, excluded, limit):
     """Matches are read only until LIMIT are kept; what is kept is what ranking them all
-    and then leaving out the excluded ids would keep."""
+    and then leaving out the excluded ids would keep; with CANDIDATES, the first LIMIT
+    of a search for that many."""
     with tempfile.TemporaryDirectory() as tmp, Archive(Path(tmp)) as archive:
         records = archive.append([say(text, CLI if i % 3 else GROUP)
                                   for i, text in enumerate(words)])
@@ -302,6 +303,9 @@ def test_search_with_exclusions_is_the_full_ranking_without_them(words, excluded
         every = archive.search("kite", threads=[CLI, GROUP], limit=100)
         hits = archive.search("kite", threads=[CLI, GROUP], limit=limit, exclude_ids=exclude)
         assert hits == [hit for hit in every if hit.id not in exclude][:limit]
+        fewer = archive.search("kite", threads=[CLI, GROUP], limit=limit - 1 or 1,
+                               exclude_ids=exclude, candidates=limit)
+        assert fewer == hits[:limit - 1 or 1]
 
 
 def test_a_search_stopped_early_ends_its_read(archive):

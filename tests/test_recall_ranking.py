@@ -9,6 +9,7 @@ from datetime import datetime
 
 import pytest
 
+from opencortex.conversation.branches import MERGED_FROM, unique
 from opencortex.conversation.recall import Recall
 from opencortex.conversation.recalldates import date_hint
 from opencortex.events import Thread
@@ -155,6 +156,20 @@ def test_a_recalled_reply_brings_the_question_it_answers(archive):
     entries = Recall(archive, {}).recall(EMACS, "tape library", k=1)
     assert [entry.text.split("] ", 1)[1] for entry in entries] == [
         "to the tape library, nightly", "where do the backups go?"]
+
+
+def test_merged_copies_among_the_best_hits_leave_k_distinct_messages(archive):
+    """Recall reads only the K best hits first; when merged copies of a message are
+    among them, it ranks as many candidates as usual, so K distinct messages remain."""
+    [original] = archive.append([say("otter otter otter", CLI)])
+    archive.append([say("otter otter otter", CLI, extra={MERGED_FROM: original.id})
+                    for _ in range(2)])
+    archive.append([say(f"an otter, number {i}", CLI) for i in range(3)])
+    recall = Recall(archive, {})
+    everything = unique(archive.search("otter", threads=recall.scope(EMACS), limit=20))
+    hits, _ = recall.hits(EMACS, "otter", k=3)
+    assert [hit.id for hit in hits] == [hit.id for hit in everything[:3]]
+    assert hits[0].id == original.id and all(h.text.startswith("an otter") for h in hits[1:])
 
 
 def test_explain_says_what_matched_when_and_the_period(archive):

@@ -38,6 +38,7 @@ import re
 import time
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING
 
 from opencortex.conversation.branches import unique
@@ -211,16 +212,25 @@ class Recall:
             return [], hint
         thread = Thread(*thread)
         scope = self.scope(thread)
-        allowed = {self.owner(thread), *self.shared_owners}
         words = recall_query(hint.text) if hint.text.strip() else recall_query(query)
-        found: list[SearchHit] = []
-        if hint.window is not None:
-            found += self.archive.search(words, threads=scope, limit=2 * k,
-                                         exclude_ids=exclude_ids, window=hint.window,
-                                         snippets=snippets)
-        general = self.archive.search(words, threads=scope, limit=CANDIDATES * k,
-                                      exclude_ids=exclude_ids, snippets=snippets)
+        search = partial(self.archive.search, words, threads=scope, exclude_ids=exclude_ids,
+                         snippets=snippets)
+        if hint.window is None and not hint.recent and self.dense is None:
+            # Then the K best are the first K of the candidates, and only those are read,
+            # unless merged copies or hits outside the scope leave fewer than K of them.
+            first = search(limit=k, candidates=CANDIDATES * k)
+            kept = self._kept(thread, scope, first, hint, query, exclude_ids)
+            if len(kept) >= k or len(first) < k:
+                return kept[:k], hint
+        found = [] if hint.window is None else search(limit=2 * k, window=hint.window)
+        general = search(limit=CANDIDATES * k)
         found += _newer_first(general) if hint.recent else general
+        return self._kept(thread, scope, found, hint, query, exclude_ids)[:k], hint
+
+    def _kept(self, thread: Thread, scope: list[Thread], found: list[SearchHit],
+              hint: DateHint, query: str, exclude_ids: Collection[str]) -> list[Ranked]:
+        """FOUND (the lexical hits, best first) each message once, fused with the dense
+        ranking if any, and checked to be THREAD's owner's or a shared owner's."""
         lexical = unique(found, seen=exclude_ids)        # a merged copy is the same message
         dense = self._dense(scope, hint.text if hint.text.strip() else query, exclude_ids,
                             hint)
@@ -231,6 +241,7 @@ class Recall:
             ranked = fuse(lexical, dense, k=settings.k, weight=settings.weight)
             once = {hit.id for hit in unique([r.hit for r in ranked], seen=exclude_ids)}
             ranked = [r for r in ranked if r.hit.id in once]
+        allowed = {self.owner(thread), *self.shared_owners}
         kept = []
         owners: dict[Thread, str] = {}        # each hit's thread's owner, found once
         for item in ranked:
@@ -242,7 +253,7 @@ class Recall:
                 continue
             kept.append(item)
         log.debug("recall: %d of %d thread(s) searched", len(scope), len(self._known))
-        return kept[:k], hint
+        return kept
 
     def _dense(self, scope: list[Thread], text: str, exclude_ids: Collection[str],
                hint: DateHint) -> list[SearchHit] | None:

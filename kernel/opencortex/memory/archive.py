@@ -288,7 +288,7 @@ class Archive:
                threads: Sequence[Thread] | None = None, limit: int = 10,
                exclude_ids: Collection[str] = (),
                window: tuple[float, float] | None = None,
-               snippets: bool = True) -> list[SearchHit]:
+               snippets: bool = True, candidates: int | None = None) -> list[SearchHit]:
         """Messages matching the words of QUERY, best first (BM25).
 
         Any word matches (OR); at most 1000 hits.  Scores are -bm25: higher is
@@ -298,6 +298,7 @@ class Archive:
         are skipped while rarer ones remain (see `MessageIndex.search`).  WINDOW
         (start, end epoch seconds): only messages said in that span.  Without
         SNIPPETS, each hit's snippet is "" (a snippet costs a search of its own).
+        CANDIDATES: the first LIMIT hits of a search for that many (fewer read).
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be text, not {type(query).__name__}")
@@ -315,8 +316,10 @@ class Archive:
         limit = min(_check_limit(limit), MAX_HITS)
         if not limit:
             return []
+        candidates = min(max(limit, _check_limit(candidates or limit)), MAX_HITS)
         with self._reading() as index:
-            return index.search(query, scope, limit, exclude_ids, window, snippets=snippets)
+            return index.search(query, scope, limit, exclude_ids, window, snippets=snippets,
+                                candidates=candidates)
 
     def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
         """The messages just before and after MESSAGE_ID in its thread (None: none)."""

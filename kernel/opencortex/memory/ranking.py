@@ -42,9 +42,10 @@ class RankedSearch:
     def search(self, query: str, threads: Collection[Thread] | None, limit: int,
                exclude_ids: Collection[str] = (),
                window: tuple[float, float] | None = None, *,
-               snippets: bool = True) -> list[SearchHit]:
+               snippets: bool = True, candidates: int | None = None) -> list[SearchHit]:
         """Best BM25 matches for the words of QUERY (any word), optionally only in THREADS
-        and only said within WINDOW (start, end epoch seconds, end excluded).
+        and only said within WINDOW (start, end epoch seconds, end excluded); with
+        CANDIDATES (>= LIMIT), the first LIMIT of a search for that many.
 
         Each owner's table is ranked with its own statistics; results of several
         owners are merged by score.  Messages whose id is in EXCLUDE_IDS and
@@ -68,9 +69,9 @@ class RankedSearch:
             return (row[2] is not None and row[2] not in exclude
                     and (scope is None or Thread(row[5], row[6]) in scope))
         found: list[tuple[tuple, tuple, str, str]] = []       # key, row, table, words
+        wanted = (limit, max(limit, candidates or limit) + len(exclude))   # kept, read
         for table, tokens in self._targets(scope):
-            found += self._search_table(table, tokens, phrases, (limit, len(exclude)),
-                                        window, returnable)
+            found += self._search_table(table, tokens, phrases, wanted, window, returnable)
         found.sort(key=lambda item: item[0])
         kept = found[:limit]
         marked = self._snippets(kept) if snippets else {}
@@ -101,8 +102,7 @@ class RankedSearch:
                       returnable: Callable[[tuple], bool]
                       ) -> list[tuple[tuple, tuple, str, str]]:
         """Ranked (or, failing that, newest) matches in one owner's TABLE: the first
-        WANTED[0] RETURNABLE ones among the first WANTED[0] + WANTED[1] (the number
-        of excluded messages) matches."""
+        WANTED[0] RETURNABLE ones among the first WANTED[1] matches."""
         rare = self._rarest(table, phrases)
         words = f"text:({' OR '.join(rare or phrases)})"
         match = words if tokens is None else f"thread:({' OR '.join(tokens)}) AND {words}"
@@ -171,20 +171,20 @@ class RankedSearch:
     def _matches(self, table: str, match: str, wanted: tuple[int, int], order: str,
                  window: tuple[float, float] | None, returnable: Callable[[tuple], bool],
                  time_limit: float | None = None) -> list[tuple] | None:
-        """The first WANTED[0] RETURNABLE of the first sum(WANTED) matches in ORDER (said
+        """The first WANTED[0] RETURNABLE of the first WANTED[1] matches in ORDER (said
         within WINDOW, if given), each (rowid, rank, COLUMNS...) with COLUMNS None for
         a match the messages table lacks; None when TIME_LIMIT ran out.
 
         Matches are read one by one and only until enough are returnable, so the
         messages ranked past them are never read."""
-        count, extra = wanted
+        count, read = wanted
         join, when = "LEFT JOIN", ""          # LEFT: a match without its message is read
         if window is not None:
             join, when = "JOIN", " AND m.epoch >= ? AND m.epoch < ?"
         sql = (f"SELECT f.rowid, f.rank, {columns_of('m')} FROM {table} f "
                f"{join} messages m ON m.seq = f.rowid WHERE f.{table} MATCH ?{when} "
                f"ORDER BY {order} LIMIT ?")
-        values = (match, *(window or ()), count + extra)
+        values = (match, *(window or ()), read)
         if time_limit is not None:
             deadline = time.monotonic() + time_limit
             self._db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
