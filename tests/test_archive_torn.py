@@ -18,7 +18,8 @@ from opencortex.memory import Archive
 from opencortex.memory.completeness import complete_length, last_entry_start, parse_thread_file
 from opencortex.memory.orgformat import (EntryError, Part, parse_entry, read_entry, render_entry,
                                          render_header)
-from opencortex.memory.threadfile import TAIL_CHUNK, locked, read_last_entry
+from opencortex.memory import threadfile
+from opencortex.memory.threadfile import TAIL_CHUNK, locked, read_last_entry, settle_tail
 
 
 @pytest.fixture
@@ -150,6 +151,29 @@ def test_append_moves_a_torn_tail_aside_before_writing(archive):
     assert third.parent == first.id
     assert archive.read_thread(LOCAL) == [first, third]
     assert len(torn_files(path)) == 1
+
+
+def test_the_tail_this_process_wrote_is_trusted_by_its_bytes_alone(archive, monkeypatch):
+    """The next append to a file that still ends with the entry last written there does
+    not read its tail again; one whose last entry changed, even in place at the same
+    size (and so within one tick of the file clock), is settled from the file."""
+    settled = []
+    monkeypatch.setattr(threadfile, "settle_tail",
+                        lambda *args: settled.append(args[1]) or settle_tail(*args))
+    (first,) = archive.append([say("one")])                     # a file new to it: read
+    path = archive.thread_file(LOCAL)
+    (second,) = archive.append([say("two")])
+    assert settled == [path] and second.parent == first.id      # known: not read again
+    data = path.read_bytes()
+    changed = data[:data.rindex(b"two")] + b"owt" + data[data.rindex(b"two") + 3:]
+    with open(path, "r+b") as stream:                    # same size, same inode
+        stream.write(changed)
+    (third,) = archive.append([say("three")])
+    assert settled == [path] * 2 and third.parent == second.id  # read, and still whole
+    assert [r.text for r in archive.read_thread(LOCAL)] == ["one", "owt", "three"]
+    path.write_bytes(path.read_bytes()[:-3])                    # torn: moved aside
+    (fourth,) = archive.append([say("four")])
+    assert fourth.parent == second.id and len(torn_files(path)) == 1
 
 
 def test_opening_repairs_torn_tails(tmp_path):

@@ -51,7 +51,7 @@ from opencortex.memory.completeness import parse_thread_file
 from opencortex.memory.orgformat import read_header_chat_id
 from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit,
                                        check_thread, check_unicode)
-from opencortex.memory.threadfile import ArchiveError, locked, read_range, settle_tail
+from opencortex.memory.threadfile import ArchiveError, Tails, locked, read_range, settle_tail
 from opencortex.memory.writer import Appended, GroupWriter, Job, plan, write_files
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class Archive:
         self.read_only = read_only
         self._lock = threading.RLock()
         self._writer = GroupWriter(self._commit)
+        self._tails = Tails()                        # what each file ended with (writer)
         self._readers: Readers | None = None         # the connections searches read through
         if read_only:
             self._index = MessageIndex(Path(":memory:"), tokenizer=tokenizer)
@@ -221,7 +222,7 @@ class Archive:
         with self._lock:
             claimed: dict[str, Thread] = {}      # ids written by earlier jobs of the batch
             ready = [job for job in jobs if self._checked(job, claimed)]
-            written = write_files(plan(ready, self.thread_file, self._name))
+            written = write_files(plan(ready, self.thread_file, self._name), self._tails)
             if not written:
                 return
             try:

@@ -11,6 +11,7 @@ block, for readers that need only the newest part of a thread.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import time
@@ -177,6 +178,45 @@ def settle_tail(fd: int, path: Path, name: str) -> tuple[int, str | None, str | 
               f"({end.reason}) to {target.name}")
     log.warning("%s", report)
     return end.length, end.last_id, report
+
+
+class Tails:
+    """The entry each thread file ended with after this process last appended to it, so
+    that settling the next append's tail need not read and parse it again.
+
+    Only the bytes are trusted, never times: a file that still ends with that entry
+    (and the newline before it), at the size it had, is settled as `settle_tail`
+    would settle it, for that complete entry is what it would find last."""
+
+    def __init__(self, limit: int = 1024):
+        self._limit = limit                                  # files remembered at most
+        self._known: dict[Path, tuple[int, int, bytes, str]] = {}   # size, length, digest, id
+
+    def settle(self, fd: int, path: Path, name: str) -> tuple[int, str | None, str | None]:
+        """`settle_tail(FD, PATH, NAME)`, at the cost of reading the last entry alone when
+        it is the one this process wrote there."""
+        known = self._known.get(path)
+        if known is not None:
+            size, length, digest, last_id = known
+            if os.fstat(fd).st_size == size and \
+                    _digest(read_range(fd, size - length, size)) == digest:
+                return size, last_id, None
+        return settle_tail(fd, path, name)
+
+    def wrote(self, path: Path, size: int, ending: bytes, last_id: str) -> None:
+        """PATH now ends, at SIZE, with ENDING: a newline, then its last entry (complete,
+        of id LAST_ID)."""
+        if len(self._known) >= self._limit and path not in self._known:
+            self._known.clear()
+        self._known[path] = (size, len(ending), _digest(ending), last_id)
+
+    def forget(self, path: Path) -> None:
+        """PATH's ending is not known (a write to it failed)."""
+        self._known.pop(path, None)
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def sync_directory(directory: Path) -> None:

@@ -42,7 +42,7 @@ from opencortex.events import Thread
 from opencortex.ids import random_uuid
 from opencortex.memory.orgformat import Part, render_entry, render_header
 from opencortex.memory.records import MessageRecord, NewMessage
-from opencortex.memory.threadfile import (ArchiveError, locked, settle_tail, sync_directory,
+from opencortex.memory.threadfile import (ArchiveError, Tails, locked, sync_directory,
                                           truncate_quietly, write_all)
 
 log = logging.getLogger(__name__)
@@ -141,18 +141,19 @@ def plan(jobs: Iterable[Job], path_of: Callable[[Thread], Path],
     return sorted(files.values(), key=lambda pending: str(pending.path))
 
 
-def write_files(files: list[_Pending]) -> list[Written]:
+def write_files(files: list[_Pending], tails: Tails) -> list[Written]:
     """Write each file's appends in one write, then fsync each file; what was written.
+    TAILS: what each file ended with after the last write (kept up to date).
 
     The appends of a file that could not be written (or synced) fail with an
     ArchiveError; its write is cut off again."""
     written: list[Written] = []
     for start in range(0, len(files), FILES_AT_ONCE):
-        written += _write_group(files[start:start + FILES_AT_ONCE])
+        written += _write_group(files[start:start + FILES_AT_ONCE], tails)
     return written
 
 
-def _write_group(files: list[_Pending]) -> list[Written]:
+def _write_group(files: list[_Pending], tails: Tails) -> list[Written]:
     """Lock, settle and write FILES, then fsync them, holding every lock to the end."""
     done: list[tuple[_Pending, int, int]] = []       # (file, fd, size before)
     synced: list[Written] = []
@@ -164,7 +165,7 @@ def _write_group(files: list[_Pending]) -> list[Written]:
             except OSError as error:     # ArchiveError too: a file that keeps being replaced
                 _fail(pending, error)
                 continue
-            size = _write_one(fd, pending)
+            size = _write_one(fd, pending, tails)
             if size is not None:
                 done.append((pending, fd, size))
         for pending, fd, size in done:
@@ -172,6 +173,7 @@ def _write_group(files: list[_Pending]) -> list[Written]:
                 os.fsync(fd)
             except OSError as error:
                 truncate_quietly(fd, size)
+                tails.forget(pending.path)
                 _fail(pending, error)
             else:
                 synced.append(Written(pending.name, size, os.fstat(fd).st_size,
@@ -187,11 +189,11 @@ def _write_group(files: list[_Pending]) -> list[Written]:
     return synced
 
 
-def _write_one(fd: int, pending: _Pending) -> int | None:
+def _write_one(fd: int, pending: _Pending, tails: Tails) -> int | None:
     """Settle the tail of PENDING's locked file FD and write its appends in one write;
     the size before (None when it failed, and its appends failed)."""
     try:
-        size, last, _ = settle_tail(fd, pending.path, pending.name)
+        size, last, _ = tails.settle(fd, pending.path, pending.name)
         blob = _render(pending, last, size)
     except (OSError, ValueError) as error:     # ValueError: not expected (validated)
         _fail(pending, error)
@@ -200,8 +202,11 @@ def _write_one(fd: int, pending: _Pending) -> int | None:
         write_all(fd, blob)
     except OSError as error:
         truncate_quietly(fd, size)
+        tails.forget(pending.path)
         _fail(pending, error)
         return None
+    offset, record = pending.entries[-1]        # the last entry (what ends before it: "\n")
+    tails.wrote(pending.path, size + len(blob), b"\n" + blob[offset - size:], record.id)
     return size
 
 
