@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from opencortex.llm import PromptRequest, ReplyAddress
+from opencortex.llm.base import prompt_request
 from opencortex.llm.anthropic_api import AnthropicBackend
 from opencortex.llm.openai_compatible import NO_KEY, OpenAICompatibleBackend
 from opencortex.llm.settings import LLMSettings
@@ -102,3 +104,30 @@ def test_the_sdks_are_imported_on_the_first_reply_not_at_start(home):
                           timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["anthropic", "False", "False"]
+
+
+@pytest.mark.parametrize("built", [
+    {"system": "S", "messages": [{"role": "user", "content": "hi"},
+                                 {"role": "assistant", "content": "x" * 5000}]},
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "no"}]},
+    {"messages": [{"role": "user", "content": "hi", "name": "extra"}]},
+    {"messages": [{"role": "user", "content": 3}]},
+    {"messages": []},
+    {"messages": "not a list"},
+])
+def test_a_skills_prompt_is_validated_as_the_model_would_validate_it(built):
+    """`prompt_request` remembers short messages that validate; what it accepts, and how
+    it refuses the rest, is what PromptRequest's own validation does."""
+    try:
+        expected = PromptRequest.model_validate(dict(built))
+    except ValidationError as error:
+        with pytest.raises(ValidationError) as raised:
+            prompt_request(built)
+        assert raised.value.errors() == error.errors()
+    else:
+        assert prompt_request(built) == expected
+
+
+def test_a_message_sent_again_is_validated_once():
+    built = {"messages": [{"role": "user", "content": "the same words"}]}
+    assert prompt_request(built).messages[0] is prompt_request(built).messages[0]

@@ -27,6 +27,7 @@ from opencortex.conversation.conversations import Conversation, Conversations
 from opencortex.conversation.session import InvalidTransition
 from opencortex.events import Event, Thread, parse_event
 from opencortex.llm import Backend, PromptRequest, ReplyAddress
+from opencortex.llm.base import prompt_request
 from opencortex.llm.routing import archetype_for
 from opencortex.memory import Archive
 from opencortex.replies import Replies
@@ -316,7 +317,7 @@ class Kernel:
                              f"({type(error).__name__}: {error})") from error
         try:
             request = built if isinstance(built, PromptRequest) else \
-                PromptRequest.model_validate(dict(built or {}))
+                prompt_request(built or {})
         except (ValidationError, TypeError, ValueError) as error:
             raise TurnFailed(f"skill {skill.name} built an invalid prompt request: "
                              f"{str(error).splitlines()[0]}") from None

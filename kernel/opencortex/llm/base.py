@@ -8,9 +8,11 @@ one `Usage`.
 from __future__ import annotations
 
 import abc
+import functools
+from collections.abc import Mapping
 from typing import Any, AsyncIterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ErrorCode = Literal["RATE_LIMITED", "STREAM_TIMEOUT", "LLM_UNAVAILABLE",
                     "INVALID_MESSAGE", "SESSION_EXPIRED"]
@@ -74,6 +76,36 @@ class PromptRequest(BaseModel):
 
 
 RETRY_ECHO_CHARS = 4000  # of a rejected reply repeated to the model on a re-ask
+REMEMBERED_CHARS = 1200  # a message this long or shorter is validated once, then remembered
+
+
+def prompt_request(built: Mapping[str, Any]) -> PromptRequest:
+    """BUILT, a prompt request as a skill wrote it, validated as a PromptRequest.
+
+    A thread's history is sent again every turn, so each short message that
+    validates is validated once and its (immutable) PromptMessage remembered;
+    any other item is left to the request's validation, which reports it."""
+    data = dict(built)
+    if type(data.get("messages")) is list:
+        data["messages"] = [_remembered(item) for item in data["messages"]]
+    return PromptRequest.model_validate(data)
+
+
+def _remembered(item: Any) -> Any:
+    """ITEM as a remembered PromptMessage when it is a short {"role", "content"} dict of
+    strings that validates; else ITEM itself."""
+    if type(item) is dict and len(item) == 2 and type(item.get("role")) is str \
+            and type(content := item.get("content")) is str and len(content) <= REMEMBERED_CHARS:
+        try:
+            return _message(item["role"], content)
+        except ValidationError:
+            return item
+    return item
+
+
+@functools.lru_cache(maxsize=16384)        # every open thread's history, round-robin
+def _message(role: str, content: str) -> PromptMessage:
+    return PromptMessage(role=role, content=content)
 
 
 class Usage(BaseModel):
