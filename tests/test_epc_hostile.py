@@ -188,6 +188,18 @@ def test_a_bad_length_after_authentication_closes_the_connection(serve_epc, raw_
     assert wait_until(lambda: server.server.open_connections == 0)
 
 
+def test_calls_before_a_broken_frame_in_the_same_read_still_run(serve_epc, raw_clients):
+    """The connection closes at the broken frame, not before the whole ones ahead of it."""
+    server = serve_epc()
+    client = raw_clients(server.port)
+    client.authenticate()
+    client.send_raw(encode_message("call", 2, Symbol("note"), ["first"]) + b"zzzzzz(x)")
+    name, _, args = client.receive()
+    assert name == "epc-error" and "6 hexadecimal digits" in args[0]
+    assert client.closed_by_server()
+    assert wait_until(lambda: server.noted == ["first"])
+
+
 def test_a_big_frame_before_authentication_is_closed_without_reading_it(serve_epc, raw_clients):
     server = serve_epc(auth_timeout=60)       # the close must not wait for this deadline
     client = raw_clients(server.port)

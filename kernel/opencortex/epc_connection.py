@@ -115,12 +115,15 @@ class KernelConnection(asyncio.Protocol):
         if self.closed:
             return
         self.frames.feed(data)
+        broken = None
         try:
             while (frame := self.frames.next_frame()) is not None:
                 self.incoming.append(frame)
         except FrameError as error:
-            self._break(str(error))
-        self._handle_incoming()
+            broken = str(error)
+        self._handle_incoming()                   # the whole frames before a broken one
+        if broken is not None:
+            self._break(broken)
 
     def eof_received(self) -> bool:
         return False                              # the peer is done: close our side too
