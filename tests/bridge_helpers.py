@@ -13,6 +13,7 @@ from opencortex.bridges.inbox import Inbox
 from opencortex.bridges.service import Bridge
 from opencortex.bridges.settings import BridgeSettings, BridgesSettings
 from opencortex.config import load_config
+from opencortex.events import Thread
 from opencortex.kernel import Kernel
 from opencortex.llm import EchoBackend, ScriptBackend
 from opencortex.runtime import build_kernel
@@ -25,6 +26,21 @@ async def until(predicate, seconds: float = 30.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("timed out waiting for the bridge")
         await asyncio.sleep(0.02)
+
+
+async def archived_step(kernel: Kernel, thread: Thread, seconds: float = 30.0) -> str:
+    """The text of the first tool step of THREAD's turn, once archived (bounded wait):
+    a bridge sends the reply before the turn's write is durable, so a test that saw
+    the reply may look before the record is there."""
+    found: list = []
+
+    def step() -> bool:
+        found[:] = [r for r in kernel.archive.read_thread(thread)
+                    if r.role == "system" and r.extra.get("STEP") == "1"]
+        return bool(found)
+    await until(step, seconds)
+    [result] = found
+    return result.text
 
 
 def script(tmp_path: Path, *replies: str) -> ScriptBackend:

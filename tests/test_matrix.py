@@ -28,7 +28,7 @@ from opencortex.bridges.runner import check_bridge
 from opencortex.bridges.settings import MatrixSettings
 from opencortex.events import Thread
 
-from bridge_helpers import running_bridge, script, until
+from bridge_helpers import archived_step, running_bridge, script, until
 from matrix_person import Person
 from synapse import Homeserver
 
@@ -221,9 +221,8 @@ def test_an_approval_by_reaction_runs_the_action(homeserver, home, tmp_path):
             assert "⚙ step 1: shell echo approved-run → done" in said
             await person.until(lambda: edits(person, asked[0].event_id))
             assert "Approval approved." in edits(person, asked[0].event_id)[0]
-            [result] = [r for r in kernel.archive.read_thread(Thread("matrix", room))
-                        if r.role == "system" and r.extra.get("STEP") == "1"]
-            assert "(exit 0)" in result.text and "approved-run" in result.text   # it ran
+            result = await archived_step(kernel, Thread("matrix", room))
+            assert "(exit 0)" in result and "approved-run" in result   # it ran
     run(scenario())
 
 

@@ -19,19 +19,12 @@ from opencortex.events import Thread
 from opencortex.llm import EchoBackend
 from opencortex.runtime import build_kernel
 
-from bridge_helpers import run, running_bridge, script, until
+from bridge_helpers import archived_step, run, running_bridge, script, until
 from signal_fake import FRIEND, GROUP, OTHER_GROUP, OWNER, STRANGER, FakeSignalCli, rate_limited
 
 SHELL = '(:type :REQUEST :target :shell :cmd ("echo" "approved-run"))'
 AFTER = '(:type :RESPONSE :text "after the command")'   # the model's answer after the step
 STEP = "⚙ step 1: shell echo approved-run → "
-
-
-def step_result(kernel, chat: str) -> str:
-    """What the command of CHAT's turn gave the model, as archived."""
-    [result] = [r for r in kernel.archive.read_thread(Thread("signal", chat))
-                if r.role == "system" and r.extra.get("STEP") == "1"]
-    return result.text
 
 
 @asynccontextmanager
@@ -168,7 +161,8 @@ def test_an_approval_approved_by_a_reaction_runs(home, tmp_path):
             assert STEP + "done" in texts(fake, OWNER.uuid)
             await until(lambda: asked.edits)
             assert "approved" in asked.edits[0]
-            assert "Shell: echo approved-run (exit 0)" in step_result(kernel, OWNER.uuid)
+            ran = await archived_step(kernel, Thread("signal", OWNER.uuid))
+            assert "Shell: echo approved-run (exit 0)" in ran
     run(scenario())
 
 
@@ -184,7 +178,8 @@ def test_an_approval_denied_by_a_reply_to_it(home, tmp_path):
             await until(lambda: "after the command" in texts(fake, OWNER.uuid), 20)
             assert "denied" in asked.edits[0] and "Denied." in texts(fake, OWNER.uuid)
             assert STEP + "not approved" in texts(fake, OWNER.uuid)
-            assert step_result(kernel, OWNER.uuid) == "denied by the owner"
+            denied = await archived_step(kernel, Thread("signal", OWNER.uuid))
+            assert denied == "denied by the owner"
     run(scenario())
 
 
@@ -203,7 +198,7 @@ def test_in_a_group_only_the_asker_decides_by_reaction(home, tmp_path):
             await until(lambda: "after the command" in texts(fake, GROUP), 20)
             assert "denied" in asked.edits[0] and "Denied." in texts(fake, GROUP)
             assert STEP + "not approved" in texts(fake, GROUP)
-            assert step_result(kernel, GROUP) == "denied by the owner"
+            assert await archived_step(kernel, Thread("signal", GROUP)) == "denied by the owner"
     run(scenario())
 
 
