@@ -270,6 +270,32 @@ def test_very_common_words_are_left_out_while_rarer_ones_remain(archive, monkeyp
     assert [h.text for h in archive.search("the", thread=EMACS)] == []
 
 
+def test_frequent_word_counts_are_reused_until_the_table_grew_and_rare_ones_counted_anew(
+        archive, monkeypatch):
+    """Counting a frequent word costs time per message: its count is reused (until the
+    table grew by an eighth of it); a word counted rare or not found is counted on
+    every search, so a message written just before a search is found by it."""
+    monkeypatch.setattr(ranking, "COUNTED_FROM", 4)
+    monkeypatch.setattr(ranking, "SIZE_TTL", 0.0)      # the table's size is read each time
+    archive.append([say(f"kettle number {i}", CLI) for i in range(16)])
+    counted: list[str] = []
+    with archive._readers.reading() as index:            # this thread's search connection
+        index._db.set_trace_callback(lambda sql: counted.append(sql) if "LIMIT" in sql and
+                                     "count(*)" in sql else None)
+
+    def counts(query: str) -> int:
+        counted.clear()
+        archive.search(query, thread=CLI)
+        return len(counted)
+    assert counts("kettle teapot") == 2       # both counted the first time
+    assert counts("kettle teapot") == 1       # 16 kettles: reused; no teapot: counted again
+    [teapot] = archive.append([say("the teapot", CLI)])
+    assert [h.id for h in archive.search("teapot", thread=CLI)] == [teapot.id]
+    archive.append([say(f"kettle again {i}", CLI) for i in range(2)])
+    assert counts("kettle") == 1              # grew by 3 of 16 (>= 16 // 8): counted again
+    assert counts("kettle") == 0
+
+
 def test_a_ranked_search_past_its_time_limit_falls_back_to_newest_matches(archive, monkeypatch):
     archive.append([say(f"owl number {i}", CLI) for i in range(30)])
     archive.append([say("owl elsewhere", GROUP)])

@@ -75,7 +75,7 @@ class MessageIndex(RankedSearch):
         self.path = Path(path)
         self.reader = reader
         self.generation = 0      # moves on when tables are dropped, emptied or moved
-        self._common: set[tuple[str, str]] = set()   # (table, phrase) known to be very common
+        self._counts: dict[tuple[str, str], tuple[int, int]] = {}   # see RankedSearch
         self._sizes: dict[str, tuple[int, float]] = {}  # table -> (messages, when counted)
         self._partitions = Partitions(tokenizer)      # attached to the connection on open
         self._connection: sqlite3.Connection | None = None
@@ -161,7 +161,7 @@ class MessageIndex(RankedSearch):
         """Drop what is remembered about tables and common words (after another
         connection recreated or moved tables)."""
         self._partitions.forget_cache()
-        self._common.clear()
+        self._counts.clear()
         self._sizes.clear()
         self.generation += 1
 
@@ -252,7 +252,7 @@ class MessageIndex(RankedSearch):
             self._db.execute("DELETE FROM messages WHERE file = ?", (file,))
             self._db.execute("DELETE FROM files WHERE path = ?", (file,))
         self._write(work)
-        self._common.clear()
+        self._counts.clear()
         self._sizes.clear()
         self.generation += 1      # a reader's cache of common words may be wrong now
 

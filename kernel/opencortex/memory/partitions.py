@@ -34,6 +34,7 @@ TOKENIZERS = {
     "unicode61": "unicode61 remove_diacritics 2",          # words as written
 }
 DEFAULT_TOKENIZER = "porter"
+BM25_WEIGHTS = "1.0, 0.0"   # bm25 weights of the columns: text, thread (a filter only)
 NOT_CONTROL = "json_extract(extra, '$.CONTROL') IS NULL"
 
 Partition = Callable[[Thread], str]
@@ -134,7 +135,7 @@ class Partitions:
         self._db.execute(f"CREATE VIRTUAL TABLE fts_{number} USING fts5 "
                          f"(text, thread, tokenize = '{TOKENIZERS[self.tokenizer]}')")
         self._db.execute(f"INSERT INTO fts_{number} (fts_{number}, rank) "
-                         "VALUES ('rank', 'bm25(1.0, 0.0)')")
+                         f"VALUES ('rank', 'bm25({BM25_WEIGHTS})')")
         return number
 
     def moves(self, partition: Partition) -> list[tuple[Thread, str]]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterable
 from contextlib import closing
 
 from opencortex.events import Thread
-from opencortex.memory.partitions import Partitions, thread_token
+from opencortex.memory.partitions import BM25_WEIGHTS, Partitions, thread_token
 from opencortex.memory.query import query_phrases
 from opencortex.memory.records import SearchHit
 from opencortex.memory.rows import columns_of, is_control, record_fields
@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 COMMON_DOCS = 2000          # a word found in more messages than this is "very common"
 WEIGHTLESS_FLOOR = 50       # ... as is one in more than half of an owner's and than this
 MATCH_BUDGET = 4000         # most messages the words of one ranked search may match together
-MAX_COMMON_CACHE = 4096     # most words remembered as very common
+MAX_COUNTS = 4096           # most word counts remembered
+COUNTED_FROM = 64           # a word found in fewer messages is counted again each time
+STALE_SHARE = 8             # a count is reused while its table grew by less than 1/8 of it
 SIZE_TTL = 1.0              # seconds a table's message count is reused, at most
 SEARCH_TIME_LIMIT = 0.25    # seconds a ranked search may run before the newest-first fallback
 PROGRESS_STEPS = 10000      # SQLite VM steps between two checks of that limit
@@ -36,7 +38,7 @@ class RankedSearch:
 
     _db: sqlite3.Connection
     _parts: Partitions
-    _common: set[tuple[str, str]]
+    _counts: dict[tuple[str, str], tuple[int, int]]   # (table, phrase) -> (found, size)
     _sizes: dict[str, tuple[int, float]]
 
     def search(self, query: str, threads: Collection[Thread] | None, limit: int,
@@ -108,11 +110,11 @@ class RankedSearch:
         match = words if tokens is None else f"thread:({' OR '.join(tokens)}) AND {words}"
         ranked = None
         if rare:
-            ranked = self._matches(table, match, wanted, "f.rank", window, returnable,
+            ranked = self._matches(table, match, wanted, True, window, returnable,
                                    time_limit=SEARCH_TIME_LIMIT)
             if ranked is not None:
                 return [((0, row[1]), row, table, words) for row in ranked]
-        newest = self._matches(table, match, wanted, "f.rowid DESC", window, returnable) or []
+        newest = self._matches(table, match, wanted, False, window, returnable) or []
         return [((1, -row[0]), row, table, words) for row in newest]
 
     def _snippets(self, kept: list[tuple[tuple, tuple, str, str]]) -> dict[int, str]:
@@ -156,35 +158,53 @@ class RankedSearch:
         return known[0]
 
     def _frequency(self, table: str, phrase: str) -> int:
-        """In how many messages of TABLE PHRASE occurs, counted up to COMMON_DOCS + 1."""
-        if (table, phrase) in self._common:
-            return COMMON_DOCS + 1
+        """In how many messages of TABLE PHRASE occurs, counted up to COMMON_DOCS + 1.
+
+        Counting a frequent word costs time per message, and only its rough size
+        matters (to choose the words ranked), so a count of COUNTED_FROM or more is
+        reused: once very common, until tables are dropped or emptied (the
+        caches are forgotten then); else while the table grew by less than a
+        STALE_SHARE-th of it.  Rarer words, and words not found, are counted anew."""
+        known = self._counts.get((table, phrase))
+        if known is not None:
+            found, size = known
+            if found > COMMON_DOCS or self._size(table) - size < found // STALE_SHARE:
+                return found
         found = self._db.execute(
             f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT ?)",
             (f"text:{phrase}", COMMON_DOCS + 1)).fetchone()[0]
-        if found > COMMON_DOCS:
-            if len(self._common) >= MAX_COMMON_CACHE:
-                self._common.clear()
-            self._common.add((table, phrase))
+        if found >= COUNTED_FROM:
+            if len(self._counts) >= MAX_COUNTS:
+                self._counts.clear()
+            self._counts[(table, phrase)] = (found, self._size(table, at_least=found))
         return found
 
-    def _matches(self, table: str, match: str, wanted: tuple[int, int], order: str,
+    def _matches(self, table: str, match: str, wanted: tuple[int, int], ranked: bool,
                  window: tuple[float, float] | None, returnable: Callable[[tuple], bool],
                  time_limit: float | None = None) -> list[tuple] | None:
-        """The first WANTED[0] RETURNABLE of the first WANTED[1] matches in ORDER (said
-        within WINDOW, if given), each (rowid, rank, COLUMNS...) with COLUMNS None for
-        a match the messages table lacks; None when TIME_LIMIT ran out.
+        """The first WANTED[0] RETURNABLE of the first WANTED[1] matches, best (RANKED)
+        or newest first, said within WINDOW if given, each (rowid, score, COLUMNS...)
+        with COLUMNS None for a match the messages table lacks; None when TIME_LIMIT
+        ran out.
 
         Matches are read one by one and only until enough are returnable, so the
-        messages ranked past them are never read."""
+        messages ranked past them are never read.  Without a WINDOW the matches
+        are ordered in the FTS table alone and only the first WANTED[1] joined."""
         count, read = wanted
-        join, when = "LEFT JOIN", ""          # LEFT: a match without its message is read
-        if window is not None:
-            join, when = "JOIN", " AND m.epoch >= ? AND m.epoch < ?"
-        sql = (f"SELECT f.rowid, f.rank, {columns_of('m')} FROM {table} f "
-               f"{join} messages m ON m.seq = f.rowid WHERE f.{table} MATCH ?{when} "
-               f"ORDER BY {order} LIMIT ?")
-        values = (match, *(window or ()), read)
+        score = f"bm25({table}, {BM25_WEIGHTS})"     # the tables' rank, without its lookup
+        if window is None:           # LEFT JOIN: a match without its message is read too
+            order = "score" if ranked else "rowid DESC"
+            sql = (f"SELECT f.rowid, f.score, {columns_of('m')} FROM "
+                   f"(SELECT rowid, {score} AS score FROM {table} WHERE {table} MATCH ? "
+                   f"ORDER BY {order} LIMIT ?) f LEFT JOIN messages m ON m.seq = f.rowid "
+                   f"ORDER BY {'f.score' if ranked else 'f.rowid DESC'}")
+            values: tuple = (match, read)
+        else:
+            sql = (f"SELECT f.rowid, {score} AS score, {columns_of('m')} FROM {table} f "
+                   f"JOIN messages m ON m.seq = f.rowid WHERE f.{table} MATCH ? "
+                   f"AND m.epoch >= ? AND m.epoch < ? "
+                   f"ORDER BY {'score' if ranked else 'f.rowid DESC'} LIMIT ?")
+            values = (match, *window, read)
         if time_limit is not None:
             deadline = time.monotonic() + time_limit
             self._db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
