@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from opencortex.conversation import recall as recall_module
 from opencortex.conversation.entries import Entry
 from opencortex.conversation.recall import LOCAL_OWNER, Recall, owner_of, recall_query
 from opencortex.events import Thread
@@ -96,6 +97,27 @@ def test_threads_of_notices_a_new_thread_without_rereading_otherwise(archive, mo
     archive.append([say("third", Thread("cli", "other"))])
     assert recall.threads_of("local") == [CLI, Thread("cli", "other"), EMACS]
     assert len(calls) == 1
+
+
+def test_a_thread_another_process_made_is_noticed_within_the_recheck_time(archive,
+                                                                          monkeypatch):
+    """This archive's new threads are noticed at once; the directories are looked at
+    for others' (another process's archive) at most every RECHECK_NS, not per recall."""
+    archive.append([say("first", CLI)])
+    age(archive.root)
+    recall = Recall(archive, {})
+    assert recall.threads_of("local") == [CLI]
+    stamps = []
+    real = recall._directory_stamp
+    monkeypatch.setattr(recall, "_directory_stamp", lambda: stamps.append(1) or real())
+    for _ in range(5):
+        recall.recall(CLI, "first")
+    assert stamps == []                              # looked at recently: not again
+    with Archive(archive.root) as other:             # as another process would
+        other.append([say("elsewhere", EMACS)])
+    monkeypatch.setattr(recall_module, "RECHECK_NS", 0)
+    assert recall.threads_of("local") == [CLI, EMACS]
+    assert len(stamps) == 1
 
 
 # -- recall -------------------------------------------------------------------------
@@ -279,9 +301,10 @@ def test_frequent_word_counts_are_reused_until_the_table_grew_and_rare_ones_coun
     monkeypatch.setattr(ranking, "SIZE_TTL", 0.0)      # the table's size is read each time
     archive.append([say(f"kettle number {i}", CLI) for i in range(16)])
     counted: list[str] = []
-    with archive._readers.reading() as index:            # this thread's search connection
-        index._db.set_trace_callback(lambda sql: counted.append(sql) if "LIMIT" in sql and
-                                     "count(*)" in sql else None)
+    with archive._readers.reading() as reader:     # the connections searches may read through
+        for index in (reader, archive._index):
+            index._db.set_trace_callback(lambda sql: counted.append(sql) if "LIMIT" in sql
+                                         and "count(*)" in sql else None)
 
     def counts(query: str) -> int:
         counted.clear()

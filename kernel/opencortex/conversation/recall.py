@@ -57,7 +57,9 @@ log = logging.getLogger(__name__)
 LOCAL_OWNER = LOCAL_PARTITION
 MAX_RECALLED_CHARS = 2000      # a longer recalled message is cut (with "…")
 SETTLE_NS = 2_000_000_000      # directory times this recent may hide a change (coarse clocks)
-RECHECK_NS = 100_000_000       # while they are that recent, read the thread list this often
+RECHECK_NS = 100_000_000       # while they are that recent, read the thread list this often;
+                               # and the directories are looked at (for other processes'
+                               # new threads) at most this often
 CANDIDATES = 4                 # recall ranks this many times K matches before keeping K
 RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
 
@@ -112,6 +114,7 @@ class Recall:
         self._stamp: tuple[tuple[str, int], ...] | None = None
         self._unsettled = False     # the stamp was too young to trust when last read
         self._read_at = 0           # time.monotonic_ns() of the last read
+        self._looked = (-1, 0)      # archive.files_made and monotonic_ns at the last look
         archive.set_partition(self.owner)          # rank with each owner's own statistics
 
     # -- scope ---------------------------------------------------------------
@@ -142,9 +145,16 @@ class Recall:
         A stamp younger than SETTLE_NS cannot be trusted (a file made in the same
         clock tick would not change it): until it settles the list is read again,
         but at most every RECHECK_NS, so a new chat does not make every turn of a
-        large archive read every thread file's header."""
-        stamp = self._directory_stamp()
+        large archive read every thread file's header.  The directories themselves
+        are looked at when this archive made a thread file since, else at most every
+        RECHECK_NS (another process's new thread is noticed that late)."""
         now = time.monotonic_ns()
+        made = self.archive.files_made
+        if not force and self._stamp is not None and made == self._looked[0] and \
+                now - self._looked[1] < RECHECK_NS and not self._unsettled:
+            return
+        stamp = self._directory_stamp()
+        self._looked = (made, now)
         if not force and stamp == self._stamp and (
                 not self._unsettled or now - self._read_at < RECHECK_NS):
             return

@@ -98,6 +98,7 @@ class Archive:
         self._writer = GroupWriter(self._commit)
         self._tails = Tails()                        # what each file ended with (writer)
         self._readers: Readers | None = None         # the connections searches read through
+        self.files_made = 0          # thread files this archive created (recall looks again)
         if read_only:
             self._index = MessageIndex(Path(":memory:"), tokenizer=tokenizer)
             with self._lock:
@@ -225,6 +226,7 @@ class Archive:
             written = write_files(plan(ready, self.thread_file, self._name), self._tails)
             if not written:
                 return
+            self.files_made += sum(1 for w in written if w.start == 0)
             try:
                 self._index.add_writes((w.file, w.start, w.end, w.entries) for w in written)
             except sqlite3.Error as error:     # the files hold it: the next catch-up indexes it
@@ -335,11 +337,20 @@ class Archive:
 
     @contextmanager
     def _reading(self) -> Iterator[MessageIndex]:
-        """The index searches read: this thread's own connection, which waits neither
-        for the writer nor for other readers (WAL); for an in-memory index, the one."""
+        """The index searches read: the writing connection when nobody uses it (its
+        page cache holds what was just written, which every other connection reads
+        again after each write), else this thread's own connection, which waits
+        neither for the writer nor for other readers (WAL); for an in-memory index,
+        the one.  A search holding the writing connection is bounded in time (see
+        `ranking`), and the writer waits for it at most that long."""
         if self._readers is None:
             with self._lock:
                 yield self._index
+        elif self._lock.acquire(blocking=False):
+            try:
+                yield self._index
+            finally:
+                self._lock.release()
         else:
             with self._readers.reading() as index:
                 yield index

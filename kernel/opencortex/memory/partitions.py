@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import sqlite3
+import time
 from collections.abc import Callable
 
 from opencortex.events import Thread
@@ -34,6 +35,7 @@ TOKENIZERS = {
     "unicode61": "unicode61 remove_diacritics 2",          # words as written
 }
 DEFAULT_TOKENIZER = "porter"
+SHARED_TTL = 1.0            # seconds a table's thread count is reused, at most
 BM25_WEIGHTS = "1.0, 0.0"   # bm25 weights of the columns: text, thread (a filter only)
 NOT_CONTROL = "json_extract(extra, '$.CONTROL') IS NULL"
 
@@ -74,15 +76,17 @@ class Partitions:
         self.tokenizer = tokenizer
         self.partition: Partition = default_partition
         self._tables: dict[Thread, str] = {}
+        self._shared: dict[str, tuple[int, float]] = {}   # table -> (threads, when counted)
 
     def attach(self, db: sqlite3.Connection) -> None:
         """Work on the index connection DB from now on."""
         self._db = db
-        self._tables.clear()
+        self.forget_cache()
 
     def forget_cache(self) -> None:
         """Drop what is remembered about tables (after the schema was recreated)."""
         self._tables.clear()
+        self._shared.clear()
 
     def table_of(self, thread: Thread) -> str:
         """The FTS table THREAD's messages go to (made, and the thread recorded, if new)."""
@@ -120,10 +124,17 @@ class Partitions:
         return [f"fts_{n}" for (n,) in self._db.execute("SELECT tab FROM parts ORDER BY tab")]
 
     def threads_in(self, table: str) -> int:
-        """How many threads share TABLE."""
-        return self._db.execute(
-            "SELECT count(*) FROM thread_parts JOIN parts ON part = name WHERE tab = ?",
-            (int(table.removeprefix("fts_")),)).fetchone()[0]
+        """How many threads share TABLE, counted again after SHARED_TTL seconds.  (A
+        search uses it only to leave out its thread filter; what it returns is
+        checked against its threads anyway.)"""
+        now = time.monotonic()
+        known = self._shared.get(table)
+        if known is None or now - known[1] > SHARED_TTL:
+            count = self._db.execute(
+                "SELECT count(*) FROM thread_parts JOIN parts ON part = name WHERE tab = ?",
+                (int(table.removeprefix("fts_")),)).fetchone()[0]
+            known = self._shared[table] = (count, now)
+        return known[0]
 
     def _table_number(self, part: str) -> int:
         """The table number of partition PART, making its FTS5 table when new."""
