@@ -594,3 +594,24 @@ def test_a_context_from_settings():
     assert (context.budget, context.strategy, context.tolerance) == (1234, "galois", 0.5)
     assert (context.threshold, context.target) == (0.9, 0.5)
     assert context.similarity.name == "lexical"
+
+
+@settings(max_examples=30, deadline=None)
+@given(strategy=st.sampled_from(sorted(STRATEGIES)), turns=st.integers(1, 40),
+       budget=st.integers(120, 600), pins=st.sets(st.integers(1, 40), max_size=4))
+def test_seen_ids_follow_adds_compressions_and_pins(strategy, turns, budget, pins):
+    """`seen_ids` (what recall leaves out) is kept as the context changes, not rebuilt
+    each turn, and always equals the entries' ids with those their summaries cover."""
+    async def scenario():
+        context = WorkingContext(budget=budget, strategy=strategy)
+        for entry in dialogue(turns):
+            await context.add(entry)
+            if entry.turn in pins and entry.role == "user":
+                context.pin(entry.id)
+            expected = {e.id for e in context.entries} | {
+                origin for e in context.entries for origin in e.covers}
+            assert set(context.seen_ids()) == expected
+            assert all(e.id in context for e in context.entries)
+        with pytest.raises(ValueError, match="already in the context"):
+            await context.add(context.entries[-1])
+    run(scenario())

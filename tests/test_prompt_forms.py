@@ -136,6 +136,6 @@ def test_history_is_cleaned_and_trimmed_alike_every_turn():
     assert skill is not None and skill.probabilistic is not None
     first, again = (skill.probabilistic(ctx)["messages"] for _ in range(2))
     assert first == again
-    question, answer, _ = (message["content"] for message in first)
+    question, answer, _ = (message.content for message in first)
     assert question == "what is it?"
     assert len(answer) == ChatSettings().history_chars and answer.endswith("x the end")

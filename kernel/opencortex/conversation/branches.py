@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import Literal, TypeVar
 
 from opencortex.events import Thread
@@ -65,11 +66,13 @@ def origin_of(record: MessageRecord) -> str:
 def unique(records: Iterable[R], *, seen: Iterable[str] = ()) -> list[R]:
     """RECORDS (search hits, say) with each message once: a merged copy is left out
     when its original or another copy came earlier, or its origin is in SEEN."""
-    known = set(seen)
+    seen = seen if isinstance(seen, AbstractSet) else set(seen)
+    known: set[str] = set()
     kept = []
     for record in records:
         origin = origin_of(record)
-        if origin not in known and record.id not in known:
+        if origin not in known and record.id not in known and origin not in seen \
+                and record.id not in seen:
             known.update((origin, record.id))
             kept.append(record)
     return kept

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import KeysView
 from typing import Literal
 
 from opencortex.conversation.compression import (
@@ -65,6 +66,9 @@ class WorkingContext:
         self._rearm_above = -1
         self.set_strategy(strategy)
         self.entries: list[Entry] = []
+        # The ids of the entries, and those with the ids their summaries cover, for the
+        # entries list and length they were made for (rebuilt when either changed).
+        self._ids: tuple[list[Entry], int, dict[str, None], dict[str, None]] | None = None
         self.last_report: CompressionReport | None = None
         self.compressions = 0
         self._used = 0
@@ -111,7 +115,23 @@ class WorkingContext:
         return len(self.entries)
 
     def __contains__(self, entry_id: object) -> bool:
-        return any(entry.id == entry_id for entry in self.entries)
+        return entry_id in self._id_maps()[0]
+
+    def seen_ids(self) -> KeysView[str]:
+        """The ids of the entries and of the messages their summaries cover: what the
+        model sees already, which recall leaves out (a read-only view, kept up to date
+        as entries are added, not rebuilt each turn)."""
+        return self._id_maps()[1].keys()
+
+    def _id_maps(self) -> tuple[dict[str, None], dict[str, None]]:
+        """(entry ids, entry and covered ids), made again when the entries list was
+        replaced or changed length other than by `add`."""
+        known = self._ids
+        if known is None or known[0] is not self.entries or known[1] != len(self.entries):
+            ids = dict.fromkeys(entry.id for entry in self.entries)
+            seen = {**ids, **dict.fromkeys(o for entry in self.entries for o in entry.covers)}
+            known = self._ids = (self.entries, len(self.entries), ids, seen)
+        return known[2], known[3]
 
     # ------------------------------------------------------------ changes
 
@@ -121,16 +141,19 @@ class WorkingContext:
         Returns the report of that compression, or None when none was needed
         (or the hysteresis held it back).  An id already present is a ValueError.
         """
-        present = {entry.id for entry in self.entries}
-        for entry in entries:
-            if entry.id in present:
-                raise ValueError(f"entry {entry.id!r} is already in the context")
-            present.add(entry.id)
+        ids, seen = self._id_maps()
+        new = [entry.id for entry in entries]
+        if len(set(new)) != len(new) or any(id_ in ids for id_ in new):
+            present = next(id_ for n, id_ in enumerate(new) if id_ in ids or id_ in new[:n])
+            raise ValueError(f"entry {present!r} is already in the context")
         for entry in entries:
             if entry.tokens == 0 and entry.text:
                 entry = dataclasses.replace(entry, tokens=count_tokens(entry.text))
             self.entries.append(entry)
             self._used += entry.tokens
+            ids[entry.id] = seen[entry.id] = None
+            seen.update(dict.fromkeys(entry.covers))
+        self._ids = (self.entries, len(self.entries), ids, seen)
         if self.pressure <= self.threshold or self._used <= self._rearm_above:
             return None
         return await self.compress()

@@ -263,11 +263,10 @@ class Conversations:
         if self.settings.recall_k <= 0:
             conversation.recalled = []
             return []
-        exclude = {entry.id for entry in conversation.context.entries}
-        exclude |= {origin for entry in conversation.context.entries for origin in entry.covers}
         try:
             found = await self._read(self.recall.recall, thread, query,
-                                     k=self.settings.recall_k, exclude_ids=exclude)
+                                     k=self.settings.recall_k,
+                                     exclude_ids=conversation.context.seen_ids())
         except ValueError:
             found = []
         conversation.recalled = found
@@ -295,7 +294,8 @@ class Conversations:
                   retention="PRESERVED" if pin else default_retention(r.role, r.text,
                                                                      r.turn_type))
             for r in records if shown_to_model(r.role, r.turn_type)])
-        await self._keep_summaries(conversation)
+        if report is not None:          # summaries are made by compressions alone
+            await self._keep_summaries(conversation)
         tokens = int(metrics.get("TOKENS_IN", 0) or 0) + int(metrics.get("TOKENS_OUT", 0) or 0)
         reason = conversation.session.count_turn(tokens, max_turns=self.settings.max_turns,
                                                  max_tokens=self.settings.max_tokens)

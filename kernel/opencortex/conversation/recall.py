@@ -193,13 +193,14 @@ class Recall:
         """
         hits, _ = self.hits(thread, query, k=k, exclude_ids=exclude_ids)
         entries = [self.entry(hit) for hit in hits]
-        known = set(exclude_ids) | {hit.id for hit in hits}
+        known = {hit.id for hit in hits}        # beside EXCLUDE_IDS
         near = self.archive.neighbours_of(      # the reply is looked for after questions
             [hit.id for hit in hits], after_of=[hit.id for hit in hits if _asks(hit.text)]
         ) if hits else {}
         for hit in hits:
             partner = _partner(hit, *near.get(hit.id, (None, None)))
-            if partner is not None and partner.id not in known:
+            if partner is not None and partner.id not in known and \
+                    partner.id not in exclude_ids:
                 known.add(partner.id)
                 entries.append(self.entry(partner, near=True))
         log.debug("recall: %d recalled, %d beside them", len(hits), len(entries) - len(hits))

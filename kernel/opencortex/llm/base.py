@@ -84,10 +84,12 @@ def prompt_request(built: Mapping[str, Any]) -> PromptRequest:
 
     A thread's history is sent again every turn, so each short message that
     validates is validated once and its (immutable) PromptMessage remembered;
-    any other item is left to the request's validation, which reports it."""
+    any other item is left to the request's validation, which reports it.  (A
+    skill that keeps its PromptMessages, as the chat skill does, costs least.)"""
     data = dict(built)
-    if type(data.get("messages")) is list:
-        data["messages"] = [_remembered(item) for item in data["messages"]]
+    messages = data.get("messages")
+    if type(messages) is list and dict in set(map(type, messages)):
+        data["messages"] = [_remembered(item) for item in messages]
     return PromptRequest.model_validate(data)
 
 
@@ -135,7 +137,12 @@ class Usage(BaseModel):
 
 def estimate_tokens(text: str) -> int:
     """A rough count (about four characters a token) for backends that report none."""
-    return max(1, (len(text) + 3) // 4) if text else 0
+    return tokens_in_chars(len(text))
+
+
+def tokens_in_chars(count: int) -> int:
+    """`estimate_tokens` of a text of COUNT characters."""
+    return max(1, (count + 3) // 4) if count else 0
 
 
 class Backend(abc.ABC):

@@ -12,6 +12,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterable
+from collections.abc import Set as AbstractSet
 from contextlib import closing
 
 from opencortex.events import Thread
@@ -64,7 +65,7 @@ class RankedSearch:
         if not phrases or limit <= 0 or (threads is not None and not threads):
             return []
         scope = None if threads is None else {Thread(*thread) for thread in threads}
-        exclude = set(exclude_ids)
+        exclude = exclude_ids if isinstance(exclude_ids, AbstractSet) else set(exclude_ids)
 
         def returnable(row: tuple) -> bool:
             """Whether a matched ROW may be returned: indexed, not excluded, in scope."""
