@@ -67,9 +67,8 @@ async def assembly(turns: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kernel = build_kernel(load_config(Path(tmp)), writer=lambda text: None)
         fill(kernel.archive, turns, rng)
-        chat = kernel.skills.get("chat")
         started = time.perf_counter()
-        await kernel.conversations.open(THREAD)
+        conversation = await kernel.conversations.open(THREAD)
         loaded = time.perf_counter() - started
         build, record, recalling = [], [], []
         recall = kernel.conversations.recall
@@ -77,8 +76,8 @@ async def assembly(turns: int) -> None:
         for turn in range(200):
             event = chat_message(f"new {turn}: {sentence(rng)}", THREAD.channel, THREAD.chat_id)
             started = time.perf_counter()
-            ctx = await kernel.context(event)
-            prompt = chat.probabilistic(ctx)
+            prepared = await kernel.preparation.prepare(event, conversation, kernel.persona)
+            ctx, prompt = prepared.ctx, prepared.request
             build.append(time.perf_counter() - started - recalling[-1])
             messages = [NewMessage(role="user", text=event.text, thread=THREAD),
                         NewMessage(role="assistant", text=f"reply {turn}: {sentence(rng, 20)}",
@@ -88,7 +87,7 @@ async def assembly(turns: int) -> None:
             record.append(time.perf_counter() - started)
         await kernel.aclose()
     print(f"  {turns:>7,} turns: assembly p50 {percentile(build, .5) * 1e3:6.3f} ms "
-          f"p99 {percentile(build, .99) * 1e3:6.3f} ms ({len(prompt['messages'])} prompt "
+          f"p99 {percentile(build, .99) * 1e3:6.3f} ms ({len(prompt.messages)} prompt "
           f"messages, {len(ctx.history)} context entries) | recall p50 "
           f"{percentile(recalling, .5) * 1e3:6.2f} ms p95 {percentile(recalling, .95) * 1e3:6.2f}"
           f" ms | record turn p50 {statistics.median(record) * 1e3:5.2f} ms | first load "

@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 from opencortex.config import load_config  # noqa: E402
 from opencortex.events import chat_message  # noqa: E402
 from opencortex.kernel import TurnObserver  # noqa: E402
-from opencortex.llm import PromptRequest, ReplyAddress, make_backend  # noqa: E402
+from opencortex.llm import PromptRequest, make_backend  # noqa: E402
 from opencortex.runtime import build_kernel  # noqa: E402
 
 Timing = tuple[float, float, float]  # TTFC, stream (wall clock), stream (CPU of this process)
@@ -105,11 +105,9 @@ async def bare_openai(client: Any, params: dict[str, Any]) -> Timing:
 async def kernel_request(kernel: Any) -> PromptRequest:
     """The prompt the kernel's chat skill builds for "hi" on the CLI."""
     event = chat_message("hi", "cli", "bench-prompt")
-    ctx = await kernel.context(event)
-    skill = next(s for s in kernel.skills.matching(ctx) if s.probabilistic)
-    built = PromptRequest.model_validate(dict(skill.probabilistic(ctx)))
-    return built.model_copy(update={"reply_to": ReplyAddress(
-        channel="cli", chat_id="local", buffer=kernel.config.chat.buffer)})
+    conversation = await kernel.conversations.open(event.thread)
+    prepared = await kernel.preparation.prepare(event, conversation, kernel.persona)
+    return prepared.request
 
 
 def backend_reader(backend: Any, request: PromptRequest) -> Callable[[], Awaitable[Timing]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -305,3 +306,40 @@ def test_a_broken_prompt_phase_fails_the_turn_without_a_trace(home, tmp_path):
     assert result.status == "failed"
     assert "ZeroDivisionError" in printed[0]
     assert kernel.archive.read_thread(CLI) == []
+
+
+def test_a_skill_slow_to_build_its_prompt_holds_up_its_own_turn_alone(home, tmp_path):
+    """Triggers and the probabilistic phase run on a reading thread, not on the loop: a
+    skill that blocks there (here until the other turn is done) stops no other thread."""
+    import threading
+    skills = tmp_path / "slow"
+    write_skill(skills, "slow.hy", '''
+(import opencortex-test-gate [gate])
+(defskill slow
+  :priority 60
+  :trigger (fn [ctx] (= ctx.event.chat-id "slow"))
+  :probabilistic (fn [ctx]
+                   (assert (.wait gate 20) "the other turn never finished")
+                   {"system" "slow" "messages" [{"role" "user" "content" ctx.event.text}]}))
+''')
+    gate = threading.Event()
+    module = type(sys)("opencortex_test_gate")
+    module.gate = gate
+    sys.modules["opencortex_test_gate"] = module
+    (home / "config.toml").write_text(f'skill_dirs = ["{skills}"]\n')
+    from opencortex.config import load_config
+
+    async def scenario():
+        kernel, printed = make(load_config(home))
+        slow = asyncio.create_task(kernel.handle(chat_message("wait", "cli", "slow")))
+        fast = await asyncio.wait_for(kernel.handle(chat_message("go", "cli", "fast")), 10)
+        assert fast.status == "done" and not slow.done()
+        gate.set()
+        done = await asyncio.wait_for(slow, 10)
+        assert (done.status, done.skill) == ("done", "slow")
+        await kernel.aclose()
+    try:
+        run(scenario())
+    finally:
+        gate.set()
+        del sys.modules["opencortex_test_gate"]

@@ -61,6 +61,7 @@ def test_spans_and_metrics_never_carry_message_text_or_replies(config, tmp_path)
         telemetry = OpenTelemetry(
             tracer_provider=tracer, meter_provider=MeterProvider(metric_readers=[reader]))
         kernel.telemetry = kernel.actuation.telemetry = kernel.replies.telemetry = telemetry
+        kernel.preparation.telemetry = telemetry
         kernel.approvers["cli"] = Yes()
         try:
             first = await kernel.handle(chat_message(f"please say {CANARY}"))

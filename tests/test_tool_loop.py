@@ -241,8 +241,11 @@ def test_a_loaded_skill_md_narrows_the_tools_of_the_rest_of_the_turn(home):
 
 def backend_prompt(kernel) -> str:
     """The system prompt the chat skill builds for a message now."""
-    ctx = asyncio.run(kernel.context(chat_message("hi")))
-    return kernel.skills.get("chat").probabilistic(ctx)["system"]
+    async def prepared():
+        event = chat_message("hi")
+        conversation = await kernel.conversations.open(event.thread)
+        return await kernel.preparation.prepare(event, conversation, kernel.persona)
+    return asyncio.run(prepared()).request.system
 
 
 def test_remember_wins_files_the_note_and_pins_its_turn(home):

@@ -239,7 +239,9 @@ def cmd_read_action(args: argparse.Namespace) -> int:
             await kernel.start()   # MCP tools are checked like any other
             event = chat_message("(read-action dry run)", args.channel, args.chat_id)
             # Judged exactly as a turn judges a reply: skills, pinning, approval policy.
-            return await kernel.replies.judged(text, await kernel.context(event))
+            conversation = await kernel.conversations.open(event.thread)
+            prepared = await kernel.preparation.prepare(event, conversation, kernel.persona)
+            return await kernel.replies.judged(text, prepared.ctx)
         finally:
             await kernel.aclose()
 

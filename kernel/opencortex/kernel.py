@@ -3,6 +3,9 @@
 One event is one turn.  Turns of one thread run one after another; turns of
 different threads run concurrently.  A turn is atomic: if it fails before
 anything reaches the person, nothing of it is archived; the person is told why.
+Up to the prompt (recall, triggers, the probabilistic phase) a turn is prepared
+on a reading thread (`preparation`); judging runs on a worker thread and the
+archive's writes on its writer thread: the loop routes and streams.
 """
 
 from __future__ import annotations
@@ -15,8 +18,6 @@ import weakref
 from functools import partial
 from typing import Any, Callable
 
-from pydantic import ValidationError
-
 from opencortex.actuation import Actuation
 from opencortex.actuators import ActuatorRegistry
 from opencortex.approvals import Approver
@@ -26,14 +27,14 @@ from opencortex.conversation.commands import CommandError, CommandInput, Command
 from opencortex.conversation.conversations import Conversation, Conversations
 from opencortex.conversation.session import InvalidTransition
 from opencortex.events import Event, Thread, parse_event
-from opencortex.llm import Backend, PromptRequest, ReplyAddress
-from opencortex.llm.base import prompt_request
+from opencortex.llm import Backend, PromptRequest
 from opencortex.llm.routing import archetype_for
 from opencortex.memory import Archive
 from opencortex.replies import Replies
 from opencortex.skills import Skill, SkillContext, SkillRegistry
 from opencortex.telemetry import telemetry_for, turn_span
 from opencortex.tools import ToolRegistry
+from opencortex.preparation import Prepared, Preparation
 from opencortex.turn import ThreadStats, TurnFailed, TurnObserver, TurnResult
 from opencortex.steps import Narrowing, StepRunner, is_step
 from opencortex.verification import Verdict
@@ -70,6 +71,8 @@ class Kernel:
         self.replies = Replies(config=config, backend=backend, skills=skills, tools=tools,
                                budgets=self.budgets, telemetry=self.telemetry,
                                can_ask=self.can_ask)
+        self.preparation = Preparation(config=config, skills=skills, tools=tools,
+                                       conversations=conversations, telemetry=self.telemetry)
         self.steps = StepRunner(self.actuation, actuators.for_target("tool"),
                                 config.tools.result_chars)
         # Worker threads share the GIL with the loop: with Python's default 5 ms switch
@@ -160,22 +163,6 @@ class Kernel:
 
     # -- the turn -----------------------------------------------------------
 
-    async def context(self, event: Event) -> SkillContext:
-        """What skills see for EVENT: its thread's working context and what was recalled
-        for it (same owner only) — never the kernel itself, never another thread."""
-        chat = self.config.chat
-        with self.telemetry.span("chat.context_render"):
-            conversation = await self.conversations.open(event.thread)
-            with self.telemetry.span("chat.recall"):
-                recalled = await self.conversations.remember(event.thread, event.text)
-        settings = {"buffer": chat.buffer, "allowed-buffers": list(chat.allowed_buffers),
-                    "history-chars": chat.history_chars}
-        return SkillContext(event=event, thread=event.thread,
-                            history=list(conversation.context.entries), recalled=recalled,
-                            persona=self.persona, config=settings,
-                            tools=self.tools.descriptions(),
-                            skills_catalogue=self.skills.docs.catalogue())
-
     async def run_command(self, thread: Thread, text: str) -> str:
         """Run the slash command TEXT in THREAD; CommandError (a ValueError) if it is misused."""
         conversation = await self.conversations.open(thread)
@@ -232,10 +219,10 @@ class Kernel:
             raise TurnFailed(f"this session has collapsed: {session.collapse_reason}")
         if session.state == "dormant":
             session.to("ready")
-        ctx = await self.context(event)
+        prepared = await self.preparation.prepare(event, conversation, self.persona)
         session.to("streaming")
         try:
-            await self._run(event, ctx, conversation, result, observer)
+            await self._run(event, prepared, conversation, result, observer)
             self.telemetry.measure("chat_context_utilization", conversation.context.pressure)
             notice = self.budgets.collapse_notice(session, self.config.conversation)
             if notice:
@@ -245,9 +232,9 @@ class Kernel:
             if session.state in ("streaming", "waiting"):
                 session.to("ready")
 
-    async def _run(self, event: Event, ctx: SkillContext, conversation: Conversation,
+    async def _run(self, event: Event, prepared: Prepared, conversation: Conversation,
                    result: TurnResult, observer: TurnObserver) -> None:
-        skill = next((s for s in self.skills.matching(ctx) if s.probabilistic), None)
+        skill, ctx = prepared.skill, prepared.ctx
         if skill is None:
             result.status = "no-skill"
             raise TurnFailed("no skill handles this message (is skills/chat.org loaded? "
@@ -258,7 +245,9 @@ class Kernel:
             ask=self.actuation.ask,
             tell=partial(self.actuation.notify, event, result=result, error=False, heading=False),
             timeout=self.config.emacs.approval_timeout)
-        request = self.budgets.route(self._prompt(skill, ctx), tier)
+        if prepared.request is None:
+            raise prepared.failure or TurnFailed(f"skill {skill.name} built no prompt")
+        request = self.budgets.route(prepared.request, tier)
         try:
             verdict = await self._steps(skill, request, ctx, conversation, result, observer)
         except (TurnFailed, asyncio.CancelledError) as stop:
@@ -307,26 +296,6 @@ class Kernel:
             narrowing.after(step, verdict.action, self.skills.docs)
             conversation.session.to("streaming")
             request = request.with_step_result(reply, step.for_model())
-
-    def _prompt(self, skill: Skill, ctx: SkillContext) -> PromptRequest:
-        try:
-            built = skill.probabilistic(ctx)
-        except Exception as error:
-            log.warning("probabilistic phase of %s failed: %s", skill.name, type(error).__name__)
-            raise TurnFailed(f"skill {skill.name} failed to build a prompt "
-                             f"({type(error).__name__}: {error})") from error
-        try:
-            request = built if isinstance(built, PromptRequest) else \
-                prompt_request(built or {})
-        except (ValidationError, TypeError, ValueError) as error:
-            raise TurnFailed(f"skill {skill.name} built an invalid prompt request: "
-                             f"{str(error).splitlines()[0]}") from None
-        event = ctx.event
-        address = ReplyAddress(channel=event.channel, chat_id=event.chat_id,
-                               buffer=self.config.chat.buffer)
-        routing = {"archetype": archetype_for(event.thread, self.config.llm),
-                   "skill": skill.name, "channel": event.channel}
-        return request.model_copy(update={"reply_to": address, "routing": routing})
 
     def can_ask(self, event: Event) -> bool:
         """Whether an approval for EVENT's turn can be asked of its owner: the channel

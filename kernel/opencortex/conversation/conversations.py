@@ -131,8 +131,8 @@ class Conversations:
         """THREAD's conversation read from its store, its context filled, kept open."""
         store = self.store_for(thread)
         if isinstance(store, Archive):
-            thread_log = await self._read(ThreadLog.resume, store, thread,
-                                          window=WINDOW_MESSAGES)
+            thread_log = await self.read(ThreadLog.resume, store, thread,
+                                         window=WINDOW_MESSAGES)
         else:
             thread_log = ThreadLog.resume(store, thread, window=WINDOW_MESSAGES)
         session = Session.from_log(thread_log, max_turns=self.settings.max_turns,
@@ -144,7 +144,7 @@ class Conversations:
         self._let_go()
         return conversation
 
-    async def _read(self, function, *args, **kwargs):
+    async def read(self, function, *args, **kwargs):
         """FUNCTION(*ARGS, **KWARGS) run by a reading thread, so the loop does not wait."""
         if self._readers is None:
             self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="opencortex-reader")
@@ -257,20 +257,16 @@ class Conversations:
         self._open.pop(thread, None)
         return removed
 
-    async def remember(self, thread: Thread, query: str) -> list[Entry]:
-        """Recall for the coming turn: same owner only, nothing already in context."""
-        conversation = await self.open(thread)
+    def recall_for(self, thread: Thread, query: str, seen: Collection[str]) -> list[Entry]:
+        """Recall for THREAD's coming turn (in a reading thread): same owner only, nothing
+        in SEEN (what its context holds already, see `WorkingContext.seen_ids`)."""
         if self.settings.recall_k <= 0:
-            conversation.recalled = []
             return []
         try:
-            found = await self._read(self.recall.recall, thread, query,
-                                     k=self.settings.recall_k,
-                                     exclude_ids=conversation.context.seen_ids())
+            return self.recall.recall(thread, query, k=self.settings.recall_k,
+                                      exclude_ids=seen)
         except ValueError:
-            found = []
-        conversation.recalled = found
-        return found
+            return []
 
     async def record_turn(self, thread: Thread, messages: Sequence[NewMessage],
                           metrics: dict[str, str], *, pin: bool = False
