@@ -92,6 +92,29 @@ def test_parent_written_by_another_process_is_found(tmp_path):
         assert second[0].parent == first.id
 
 
+def test_the_last_entry_this_process_wrote_is_a_parent_without_an_index_lookup(tmp_path,
+                                                                              monkeypatch):
+    """A turn's parent is usually the entry this archive just wrote at the end of the
+    file: while the file still has that size it is taken as checked; once another
+    process appended, the index is asked again (and still refuses a foreign parent)."""
+    from opencortex.memory.index import MessageIndex
+    looked: list[str] = []
+    real = MessageIndex.thread_of
+    monkeypatch.setattr(MessageIndex, "thread_of",
+                        lambda self, id_: looked.append(id_) or real(self, id_))
+    with Archive(tmp_path / "m") as one, Archive(tmp_path / "m") as two:
+        last = one.append([user("first")])[-1]
+        nxt = one.append([NewMessage(role="user", text="next", thread=LOCAL, parent=last.id)])
+        assert looked == [] and nxt[0].parent == last.id
+        two.append([user("from two")])                     # the file grew elsewhere
+        again = one.append([NewMessage(role="user", text="x", thread=LOCAL,
+                                       parent=nxt[0].id)])
+        assert looked == [nxt[0].id] and again[0].parent == nxt[0].id
+        theirs = one.append([user("theirs", OTHER)])[0]
+        with pytest.raises(ValueError, match="another thread"):
+            one.append([NewMessage(role="user", text="y", thread=LOCAL, parent=theirs.id)])
+
+
 @pytest.mark.parametrize("bad", ["", " ", "a b", "a\nb", " x"])
 def test_parent_must_be_one_word(bad):
     with pytest.raises(ValidationError):

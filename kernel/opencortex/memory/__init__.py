@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 from opencortex.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from opencortex.memory.archive import Archive, ArchiveError, safe_name
+    from opencortex.memory.archive import Archive, ArchiveError
+    from opencortex.memory.layout import safe_name
     from opencortex.memory.orgformat import (EntryError, decode_body, decode_value,
                                              encode_body, encode_value)
     from opencortex.memory.records import (MessageRecord, NewMessage, Role, SearchHit,
                                            TurnType)
 
-_LAZY = {**dict.fromkeys(["Archive", "ArchiveError", "safe_name"], "archive"),
+_LAZY = {**dict.fromkeys(["Archive", "ArchiveError"], "archive"), "safe_name": "layout",
          **dict.fromkeys(["EntryError", "decode_body", "decode_value", "encode_body",
                           "encode_value"], "orgformat"),
          **dict.fromkeys(["MessageRecord", "NewMessage", "Role", "SearchHit", "TurnType"],

@@ -5,8 +5,7 @@ Layout under ROOT (`$OPENCORTEX_HOME/memory`)::
     index.sqlite                    the derived index (rebuilt when missing or unreadable)
     <channel>/<safe chat id>.org    one file per thread; see `orgformat` for its text
 
-The safe name is the chat id percent-encoded (reversible), shortened with a hash
-when very long; the real chat id is always in the file's `#+CHAT_ID:` header.
+Its name and where the chat id is kept: see `layout`.
 
 Writing: all messages of one append go, per thread, into ONE `os.write` on a
 file opened with O_APPEND under an exclusive `flock`, followed by `fsync`.
@@ -30,7 +29,6 @@ own, so they do not wait for the writer's files and fsyncs.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -41,15 +39,14 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import quote
 
 from opencortex.events import Thread
 from opencortex.memory.index import MessageIndex
+from opencortex.memory.layout import org_files, thread_path, threads_under
 from opencortex.memory.partitions import DEFAULT_TOKENIZER, Partition
 from opencortex.memory.readers import Readers
 from opencortex.memory.completeness import parse_thread_file
-from opencortex.memory.orgformat import read_header_chat_id
-from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit,
+from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit, check_scope,
                                        check_thread, check_unicode)
 from opencortex.memory.threadfile import ArchiveError, Tails, locked, read_range, settle_tail
 from opencortex.memory.writer import Appended, GroupWriter, Job, plan, write_files
@@ -57,21 +54,8 @@ from opencortex.memory.writer import Appended, GroupWriter, Job, plan, write_fil
 log = logging.getLogger(__name__)
 
 INDEX_NAME = "index.sqlite"
-MAX_NAME = 180               # bytes of a file name before it is shortened with a hash
-HEADER_BYTES = 1 << 16       # bytes read to find a file's #+CHAT_ID: header
 MAX_HITS = 1000              # most search hits returned at once
 MESSAGE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}")   # an id given to `append`
-
-
-def safe_name(chat_id: str) -> str:
-    """A file-system-safe file stem for CHAT_ID (percent-encoded; hashed when long)."""
-    name = quote(chat_id, safe="-_.")
-    if name.startswith("."):
-        name = "%2E" + name[1:]
-    if len(name) > MAX_NAME:
-        digest = hashlib.sha256(chat_id.encode("utf-8")).hexdigest()[:16]
-        name = f"{name[:MAX_NAME - 17]}~{digest}"
-    return name
 
 
 def _check_limit(limit: int) -> int:
@@ -142,27 +126,17 @@ class Archive:
 
     def thread_file(self, thread: Thread) -> Path:
         """The org file holding THREAD's messages."""
-        channel, chat_id = check_thread(thread)
-        return self.root / channel / f"{safe_name(chat_id)}.org"
+        return thread_path(self.root, thread)
 
     def _name(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
 
     def _org_files(self) -> list[Path]:
-        return sorted(p for p in self.root.glob("*/*.org") if p.is_file())
+        return org_files(self.root)
 
     def threads(self) -> list[Thread]:
         """Every thread with a file in the archive, sorted."""
-        found = set()
-        for path in self._org_files():
-            with path.open("rb") as stream:
-                head = stream.read(HEADER_BYTES).split(b"\n*", 1)[0]
-            chat_id = read_header_chat_id(head)
-            if chat_id is not None:
-                found.add(Thread(path.parent.name, chat_id))
-            elif head:
-                log.warning("%s has no #+CHAT_ID: header; skipped", self._name(path))
-        return sorted(found)
+        return threads_under(self.root)
 
     # -- writing -----------------------------------------------------------
 
@@ -239,9 +213,10 @@ class Archive:
             given = [id_ for id_ in job.ids if id_ is not None]
             if known := self.known_ids(given) | (set(given) & claimed.keys()):
                 raise ValueError(f"{len(known)} of the ids are already in the archive")
-            for message in job.messages:
+            for message in job.messages:       # an explicit parent must be of its thread
                 if message.parent is not None and message.parent != "auto" and \
-                        claimed.get(message.parent) != message.thread:
+                        claimed.get(message.parent) != message.thread and \
+                        self._tails.last_id(self.thread_file(message.thread)) != message.parent:
                     self._check_parent(message.thread, message.parent)
         except ValueError as error:
             job.fail(error)
@@ -306,14 +281,7 @@ class Archive:
         if not isinstance(query, str):
             raise TypeError(f"query must be text, not {type(query).__name__}")
         check_unicode(query, "search query")
-        scope = None
-        if thread is not None or threads is not None:
-            if isinstance(threads, (str, Thread)):
-                raise TypeError("threads must be a sequence of Thread, not one thread; "
-                                "use thread= for one")
-            scope = {check_thread(t) for t in (threads or ())}
-            if thread is not None:
-                scope.add(check_thread(thread))
+        scope = check_scope(thread, threads)
         if isinstance(exclude_ids, str):
             raise TypeError("exclude_ids must be a collection of ids, not one string")
         limit = min(_check_limit(limit), MAX_HITS)

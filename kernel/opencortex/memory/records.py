@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -58,6 +59,20 @@ def check_thread(thread: Thread) -> Thread:
         raise ValueError(f"thread {channel}:{chat_id!r} has an empty chat id")
     check_unicode(chat_id, "chat id")
     return Thread(channel, chat_id)
+
+
+def check_scope(thread: Thread | None, threads: Iterable[Thread] | None) -> set[Thread] | None:
+    """The threads a search asked for by THREAD and/or THREADS (their union), checked;
+    None when it asked for none (everything)."""
+    if thread is None and threads is None:
+        return None
+    if isinstance(threads, (str, Thread)):
+        raise TypeError("threads must be a sequence of Thread, not one thread; "
+                        "use thread= for one")
+    scope = {check_thread(t) for t in (threads or ())}
+    if thread is not None:
+        scope.add(check_thread(thread))
+    return scope
 
 
 def check_extra(extra: dict[str, str]) -> dict[str, str]:

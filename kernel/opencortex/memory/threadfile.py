@@ -210,6 +210,15 @@ class Tails:
             self._known.clear()
         self._known[path] = (size, len(ending), _digest(ending), last_id)
 
+    def last_id(self, path: Path) -> str | None:
+        """The id of the entry this process last wrote at the end of PATH, while PATH has
+        the size it had then (so the entry is still there); else None."""
+        known = self._known.get(path)
+        try:
+            return known[3] if known and os.stat(path).st_size == known[0] else None
+        except OSError:
+            return None
+
     def forget(self, path: Path) -> None:
         """PATH's ending is not known (a write to it failed)."""
         self._known.pop(path, None)

@@ -1,0 +1,59 @@
+"""Where the archive keeps each thread: one org file per thread, ROOT/CHANNEL/NAME.org.
+
+NAME is the chat id percent-encoded (reversible), shortened with a hash when
+very long; the real chat id is always in the file's `#+CHAT_ID:` header, which
+is what lists the archive's threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from urllib.parse import quote
+
+from opencortex.events import Thread
+from opencortex.memory.orgformat import read_header_chat_id
+from opencortex.memory.records import check_thread
+
+log = logging.getLogger(__name__)
+
+MAX_NAME = 180               # bytes of a file name before it is shortened with a hash
+HEADER_BYTES = 1 << 16       # bytes read to find a file's #+CHAT_ID: header
+
+
+def safe_name(chat_id: str) -> str:
+    """A file-system-safe file stem for CHAT_ID (percent-encoded; hashed when long)."""
+    name = quote(chat_id, safe="-_.")
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    if len(name) > MAX_NAME:
+        digest = hashlib.sha256(chat_id.encode("utf-8")).hexdigest()[:16]
+        name = f"{name[:MAX_NAME - 17]}~{digest}"
+    return name
+
+
+def thread_path(root: Path, thread: Thread) -> Path:
+    """The org file under ROOT holding THREAD's messages (ValueError for a bad thread)."""
+    channel, chat_id = check_thread(thread)
+    return root / channel / f"{safe_name(chat_id)}.org"
+
+
+def org_files(root: Path) -> list[Path]:
+    """Every thread file under ROOT, sorted."""
+    return sorted(p for p in root.glob("*/*.org") if p.is_file())
+
+
+def threads_under(root: Path) -> list[Thread]:
+    """Every thread with a file under ROOT, sorted, as the files' headers name them."""
+    found = set()
+    for path in org_files(root):
+        with path.open("rb") as stream:
+            head = stream.read(HEADER_BYTES).split(b"\n*", 1)[0]
+        chat_id = read_header_chat_id(head)
+        if chat_id is not None:
+            found.add(Thread(path.parent.name, chat_id))
+        elif head:
+            log.warning("%s has no #+CHAT_ID: header; skipped",
+                        path.relative_to(root).as_posix())
+    return sorted(found)
