@@ -308,10 +308,9 @@ def test_a_broken_prompt_phase_fails_the_turn_without_a_trace(home, tmp_path):
     assert kernel.archive.read_thread(CLI) == []
 
 
-def test_a_skill_slow_to_build_its_prompt_holds_up_its_own_turn_alone(home, tmp_path):
-    """Triggers and the probabilistic phase run on a reading thread, not on the loop: a
-    skill that blocks there (here until the other turn is done) stops no other thread."""
-    import threading
+def slow_skill(tmp_path: Path, gate) -> Path:
+    """A skills folder whose skill `slow` (for chat "slow") blocks building its prompt
+    until GATE is set."""
     skills = tmp_path / "slow"
     write_skill(skills, "slow.hy", '''
 (import opencortex-test-gate [gate])
@@ -322,11 +321,18 @@ def test_a_skill_slow_to_build_its_prompt_holds_up_its_own_turn_alone(home, tmp_
                    (assert (.wait gate 20) "the other turn never finished")
                    {"system" "slow" "messages" [{"role" "user" "content" ctx.event.text}]}))
 ''')
-    gate = threading.Event()
     module = type(sys)("opencortex_test_gate")
     module.gate = gate
     sys.modules["opencortex_test_gate"] = module
-    (home / "config.toml").write_text(f'skill_dirs = ["{skills}"]\n')
+    return skills
+
+
+def test_a_skill_slow_to_build_its_prompt_holds_up_its_own_turn_alone(home, tmp_path):
+    """Triggers and the probabilistic phase run on a reading thread, not on the loop: a
+    skill that blocks there (here until the other turn is done) stops no other thread."""
+    import threading
+    gate = threading.Event()
+    (home / "config.toml").write_text(f'skill_dirs = ["{slow_skill(tmp_path, gate)}"]\n')
     from opencortex.config import load_config
 
     async def scenario():
@@ -337,6 +343,30 @@ def test_a_skill_slow_to_build_its_prompt_holds_up_its_own_turn_alone(home, tmp_
         gate.set()
         done = await asyncio.wait_for(slow, 10)
         assert (done.status, done.skill) == ("done", "slow")
+        await kernel.aclose()
+    try:
+        run(scenario())
+    finally:
+        gate.set()
+        del sys.modules["opencortex_test_gate"]
+
+
+def test_a_skill_that_never_builds_its_prompt_fails_its_turn_in_bounded_time(home, tmp_path):
+    import threading
+    gate = threading.Event()
+    (home / "config.toml").write_text(
+        f'prepare_timeout = 0.5\nskill_dirs = ["{slow_skill(tmp_path, gate)}"]\n')
+    from opencortex.config import load_config
+
+    async def scenario():
+        kernel, printed = make(load_config(home))
+        stuck = await asyncio.wait_for(kernel.handle(chat_message("wait", "cli", "slow")), 10)
+        assert stuck.status == "failed" and "prepare_timeout" in stuck.errors[0]
+        assert "took longer than 0.5 s" in printed[0]
+        assert kernel.archive.read_thread(Thread("cli", "slow")) == []
+        gate.set()                           # the skill's call ends; the thread is free again
+        fine = await asyncio.wait_for(kernel.handle(chat_message("go", "cli", "fast")), 10)
+        assert fine.status == "done"
         await kernel.aclose()
     try:
         run(scenario())

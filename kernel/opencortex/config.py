@@ -106,6 +106,7 @@ class Config(BaseModel):
     max_reply_elements: int = Field(default=10_000, ge=100)  # atoms and lists in one reply
     llm_timeout: float = Field(default=120.0, gt=0)
     judge_timeout: float = Field(default=10.0, gt=0)  # reading + judging one reply, seconds
+    prepare_timeout: float = Field(default=10.0, gt=0)  # recall + a skill's prompt, seconds
     stop_grace: float = Field(default=10.0, ge=0)  # seconds turns may take to finish on stop
     chat: ChatSettings = Field(default_factory=ChatSettings)
     shell: ShellSettings = Field(default_factory=ShellSettings)

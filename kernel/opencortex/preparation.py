@@ -5,12 +5,14 @@ archive, and part of it is skill code (triggers and the probabilistic phase)
 whose cost the kernel does not control.  `Preparation.prepare` does all of it
 in one call on a reading thread, the one recall needs anyway: the loop only
 routes and streams, and a slow skill holds up its own turn, never another
-conversation.  Skills see their event's own conversation and what was recalled
+conversation, and that turn for at most `prepare_timeout` seconds (then it fails
+with a message saying so; the thread finishes the skill's call in the background).  Skills see their event's own conversation and what was recalled
 for it (same owner only), never the kernel itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 from dataclasses import dataclass
@@ -59,9 +61,17 @@ class Preparation:
         on a reading thread; what was recalled is also left on CONVERSATION."""
         history = list(conversation.context.entries)
         seen = conversation.context.seen_ids()
-        with self.telemetry.span("chat.context_render"):
-            prepared = await self.conversations.read(
-                contextvars.copy_context().run, self._prepare, event, history, seen, persona)
+        limit = self.config.prepare_timeout
+        try:
+            with self.telemetry.span("chat.context_render"):
+                prepared = await asyncio.wait_for(self.conversations.read(
+                    contextvars.copy_context().run, self._prepare, event, history, seen,
+                    persona), limit)
+        except TimeoutError:
+            log.warning("preparing a turn of %s took over %g s", event.thread, limit)
+            raise TurnFailed(f"recall and the skill's prompt took longer than {limit:g} s "
+                             "(prepare_timeout); `opencortex skills --check` shows the "
+                             "skills") from None
         conversation.recalled = prepared.ctx.recalled
         return prepared
 
