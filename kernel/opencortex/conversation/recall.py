@@ -151,7 +151,7 @@ class Recall:
         now = time.monotonic_ns()
         made = self.archive.files_made
         if not force and self._stamp is not None and made == self._looked[0] and \
-                now - self._looked[1] < RECHECK_NS and not self._unsettled:
+                now - self._looked[1] < RECHECK_NS:
             return
         stamp = self._directory_stamp()
         self._looked = (made, now)
