@@ -5,8 +5,9 @@ archive, and part of it is skill code (triggers and the probabilistic phase)
 whose cost the kernel does not control.  `Preparation.prepare` does all of it
 in one call on a reading thread, the one recall needs anyway: the loop only
 routes and streams, and a slow skill holds up its own turn, never another
-conversation, and that turn for at most `prepare_timeout` seconds (then it fails
-with a message saying so; the thread finishes the skill's call in the background).  Skills see their event's own conversation and what was recalled
+conversation, and that turn for at most `prepare_timeout` seconds (then it
+fails with a message saying so; the thread finishes the skill's call in the
+background).  Skills see their event's own conversation and what was recalled
 for it (same owner only), never the kernel itself.
 """
 
