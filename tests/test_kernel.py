@@ -308,9 +308,12 @@ def test_a_broken_prompt_phase_fails_the_turn_without_a_trace(home, tmp_path):
     assert kernel.archive.read_thread(CLI) == []
 
 
-def slow_skill(tmp_path: Path, gate) -> Path:
+@pytest.fixture
+def slow_skill(tmp_path):
     """A skills folder whose skill `slow` (for chat "slow") blocks building its prompt
-    until GATE is set."""
+    until the gate given with it is set (at the end of the test at the latest)."""
+    import threading
+    gate = threading.Event()
     skills = tmp_path / "slow"
     write_skill(skills, "slow.hy", '''
 (import opencortex-test-gate [gate])
@@ -318,25 +321,26 @@ def slow_skill(tmp_path: Path, gate) -> Path:
   :priority 60
   :trigger (fn [ctx] (= ctx.event.chat-id "slow"))
   :probabilistic (fn [ctx]
-                   (assert (.wait gate 20) "the other turn never finished")
+                   (assert (.wait gate 20) "the test never opened the gate")
                    {"system" "slow" "messages" [{"role" "user" "content" ctx.event.text}]}))
 ''')
     module = type(sys)("opencortex_test_gate")
     module.gate = gate
     sys.modules["opencortex_test_gate"] = module
-    return skills
+    yield skills, gate
+    gate.set()
+    del sys.modules["opencortex_test_gate"]
 
 
-def test_a_skill_slow_to_build_its_prompt_holds_up_its_own_turn_alone(home, tmp_path):
+def test_a_skill_slow_to_build_its_prompt_holds_up_its_own_turn_alone(home, slow_skill):
     """Triggers and the probabilistic phase run on a reading thread, not on the loop: a
     skill that blocks there (here until the other turn is done) stops no other thread."""
-    import threading
-    gate = threading.Event()
-    (home / "config.toml").write_text(f'skill_dirs = ["{slow_skill(tmp_path, gate)}"]\n')
+    skills, gate = slow_skill
+    (home / "config.toml").write_text(f'skill_dirs = ["{skills}"]\n')
     from opencortex.config import load_config
 
     async def scenario():
-        kernel, printed = make(load_config(home))
+        kernel, _ = make(load_config(home))
         slow = asyncio.create_task(kernel.handle(chat_message("wait", "cli", "slow")))
         fast = await asyncio.wait_for(kernel.handle(chat_message("go", "cli", "fast")), 10)
         assert fast.status == "done" and not slow.done()
@@ -344,18 +348,13 @@ def test_a_skill_slow_to_build_its_prompt_holds_up_its_own_turn_alone(home, tmp_
         done = await asyncio.wait_for(slow, 10)
         assert (done.status, done.skill) == ("done", "slow")
         await kernel.aclose()
-    try:
-        run(scenario())
-    finally:
-        gate.set()
-        del sys.modules["opencortex_test_gate"]
+    run(scenario())
 
 
-def test_a_skill_that_never_builds_its_prompt_fails_its_turn_in_bounded_time(home, tmp_path):
-    import threading
-    gate = threading.Event()
-    (home / "config.toml").write_text(
-        f'prepare_timeout = 0.5\nskill_dirs = ["{slow_skill(tmp_path, gate)}"]\n')
+def test_a_skill_that_never_builds_its_prompt_fails_its_turn_in_bounded_time(home,
+                                                                              slow_skill):
+    skills, gate = slow_skill
+    (home / "config.toml").write_text(f'prepare_timeout = 0.5\nskill_dirs = ["{skills}"]\n')
     from opencortex.config import load_config
 
     async def scenario():
@@ -368,8 +367,4 @@ def test_a_skill_that_never_builds_its_prompt_fails_its_turn_in_bounded_time(hom
         fine = await asyncio.wait_for(kernel.handle(chat_message("go", "cli", "fast")), 10)
         assert fine.status == "done"
         await kernel.aclose()
-    try:
-        run(scenario())
-    finally:
-        gate.set()
-        del sys.modules["opencortex_test_gate"]
+    run(scenario())
