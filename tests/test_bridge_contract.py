@@ -4,6 +4,7 @@ formatting, approvals, the durable inbox."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -220,9 +221,43 @@ def test_inbox_takes_a_late_redelivery_it_never_kept_and_skips_what_it_did(tmp_p
     assert [m.position for m in inbox.add([message(position=11)])] == [11]
     assert inbox.add([message(position=10), message(position=12)]) == []
     inbox.done(11)
-    inbox._compact()
+    inbox.compact()
     inbox.close()
     again = Inbox(tmp_path / "inbox.jsonl")
     assert again.add([message(position=p) for p in (10, 11, 12)]) == []
     assert [m.position for m in again.add([message(position=9)])] == [9]
     assert inbox_module.DONE_WINDOW >= 1000
+
+
+def test_the_inbox_waits_for_its_disk_off_the_loop(tmp_path, monkeypatch):
+    """`keep` waits for its fsync on the inbox's own thread and `done` queues its mark: a
+    slow disk holds up the batch being kept, never the event loop."""
+    import threading
+    real, entered, release = os.fsync, threading.Event(), threading.Event()
+
+    def fsync(fd: int) -> None:
+        if threading.current_thread().name.startswith("opencortex-inbox"):
+            entered.set()
+            assert release.wait(20), "the test never released the disk"
+        real(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    inbox = Inbox(tmp_path / "inbox.jsonl")
+
+    async def scenario():
+        keeping = asyncio.create_task(inbox.keep([message(position=1), message(position=2)]))
+        assert await asyncio.to_thread(entered.wait, 20)
+        for _ in range(3):                      # the loop runs on while the disk is held
+            await asyncio.sleep(0)
+        assert not keeping.done()
+        release.set()
+        assert [m.position for m in await asyncio.wait_for(keeping, 20)] == [1, 2]
+        inbox.done(1)                            # queued: returns at once
+        assert [m.position for m in inbox.pending()] == [2]
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 30))
+    finally:
+        release.set()
+        inbox.close()
+    again = Inbox(tmp_path / "inbox.jsonl")
+    assert [m.position for m in again.pending()] == [2]
+    again.close()

@@ -40,8 +40,8 @@ class RecordingInbox(Inbox):
         self.answered = answered
         self.kept: list[tuple[int, list[tuple[int, int]]]] = []
 
-    def add(self, messages):
-        fresh = super().add(messages)
+    async def keep(self, messages):
+        fresh = await super().keep(messages)
         self.kept += [(m.position, list(self.answered)) for m in messages]
         return fresh
 

@@ -17,14 +17,22 @@ new when it is not pending, not among the done ones, and above the floor.
 The file lives in the kernel home (mode 0600).  It holds message text only
 until the message is done: when nothing is pending it is rewritten to one line
 holding the floor and the done window, so redelivered positions are skipped.
+
+The disk is never touched on the event loop: the inbox's own thread writes,
+in order, what the loop decided (`keep` waits for its fsync there).  A done
+mark is written without an fsync of its own; the next kept batch's fsync (or a
+compaction) makes it durable, and a mark lost to a power cut only hands a
+message out again, which the archive recognises as answered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from opencortex.bridges.inbound import Inbound
@@ -44,9 +52,11 @@ class Inbox:
         self.floor = -1                      # positions at or below it count as done
         self._done: dict[int, None] = {}     # the latest done positions, oldest first
         self._pending: dict[int, Inbound] = {}
-        self._lines = 0
+        self._lines = 0                      # lines in the file once the queued writes are done
         self._load()
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._disk = ThreadPoolExecutor(1, thread_name_prefix="opencortex-inbox")
+        self._closed = False
 
     def _load(self) -> None:
         try:
@@ -87,58 +97,110 @@ class Inbox:
         return (position > self.floor and position not in self._pending
                 and position not in self._done)
 
-    def _write(self, records: list[dict]) -> None:
+    def _write(self, records: list[dict], *, sync: bool) -> None:
+        """Append RECORDS (in the inbox's thread), then fsync with SYNC."""
         data = b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8", "surrogatepass")
                         + b"\n" for r in records)
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view):]
-        os.fsync(self._fd)
-        self._lines += len(records)
+        if sync:
+            os.fsync(self._fd)
 
-    def add(self, messages: list[Inbound]) -> list[Inbound]:
-        """Keep MESSAGES not seen before (durably); return those, in position order."""
+    def _queue(self, function, *args, **kwargs) -> Future:
+        """FUNCTION run by the inbox's thread after everything queued before it."""
+        return self._disk.submit(function, *args, **kwargs)
+
+    def _fresh(self, messages: list[Inbound]) -> tuple[list[Inbound], Future | None]:
+        """The MESSAGES not seen before, in position order, and their queued durable write."""
         fresh: dict[int, Inbound] = {}
         for message in messages:
             if self.is_new(message.position):
                 fresh.setdefault(message.position, message)
         ordered = [fresh[p] for p in sorted(fresh)]
-        if ordered:
-            self._write([{"add": dataclasses.asdict(m)} for m in ordered])
-            for message in ordered:
-                self._pending[message.position] = message
+        if not ordered:
+            return [], None
+        self._lines += len(ordered)
+        return ordered, self._queue(self._write, [{"add": dataclasses.asdict(m)}
+                                                  for m in ordered], sync=True)
+
+    def _pend(self, ordered: list[Inbound]) -> list[Inbound]:
+        for message in ordered:
+            self._pending[message.position] = message
         return ordered
 
+    async def keep(self, messages: list[Inbound]) -> list[Inbound]:
+        """Keep MESSAGES not seen before, durably (the fsync waited for off the loop);
+        return those, in position order.  OSError when they could not be kept."""
+        ordered, written = self._fresh(messages)
+        if written is not None:
+            await asyncio.wrap_future(written)
+        return self._pend(ordered)
+
+    def add(self, messages: list[Inbound]) -> list[Inbound]:
+        """`keep`, waiting in the calling thread (not for the event loop)."""
+        ordered, written = self._fresh(messages)
+        if written is not None:
+            written.result()
+        return self._pend(ordered)
+
     def done(self, position: int) -> None:
-        """POSITION is handled; it will not be handed out again."""
-        if position not in self._pending:
+        """POSITION is handled; it will not be handed out again (the mark is queued;
+        after `close` it is not kept, and the message comes back after a restart)."""
+        if position not in self._pending or self._closed:
             return
         self._mark_done(position)
-        self._write([{"done": position}])
-        if not self._pending and self._lines > COMPACT_AFTER:
-            self._compact()
+        self._lines += 1
+        self._queue(self._write, [{"done": position}], sync=False).add_done_callback(_logged)
+        if self._lines > COMPACT_AFTER:
+            self.compact()
+
+    def compact(self) -> None:
+        """Have the file rewritten to one line, the floor and the done window (queued),
+        unless something is pending."""
+        if self._pending or self._closed:
+            return
+        self._lines = 1
+        self._queue(self._write_compacted, self.floor, list(self._done)).add_done_callback(
+            _logged)
+
+    def _sync(self) -> None:
+        os.fsync(self._fd)
 
     def pending(self) -> list[Inbound]:
         """Messages not yet handled, oldest first."""
         return [self._pending[p] for p in sorted(self._pending)]
 
-    def _compact(self) -> None:
-        """Rewrite the file as one line: nothing is pending, only what was done matters."""
+    def _write_compacted(self, floor: int, done: list[int]) -> None:
+        """Rewrite the file as one line, FLOOR and DONE (in the inbox's thread): nothing
+        was pending, only what was done matters."""
         temporary = self.path.with_name(self.path.name + ".new")
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                              0o600)
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(json.dumps({"floor": self.floor, "done": list(self._done)}).encode()
-                         + b"\n")
+            handle.write(json.dumps({"floor": floor, "done": done}).encode() + b"\n")
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, self.path)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        self._lines = 1
 
     def close(self) -> None:
+        """Finish the queued writes, with an fsync, then close the file."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue(self._sync).add_done_callback(_logged)
+        self._disk.shutdown(wait=True)
         try:
             os.close(self._fd)
         except OSError:
             pass
+
+
+def _logged(written: Future) -> None:
+    """Log a queued write that failed (what failed, never the text)."""
+    error = written.exception()
+    if error is not None:
+        log.error("bridge inbox: a write failed (%s); a message may be handed out again "
+                  "after a restart", type(error).__name__)

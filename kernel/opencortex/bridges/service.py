@@ -153,7 +153,7 @@ class Bridge:
             fetch.cancel()
             return
         items = fetch.result()
-        fresh = self.inbox.add([item for item in items if isinstance(item, Inbound)])
+        fresh = await self.inbox.keep([item for item in items if isinstance(item, Inbound)])
         await self.platform.acknowledge()
         for message in fresh:
             if self._settles_approval(message):
