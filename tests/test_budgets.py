@@ -177,3 +177,31 @@ def test_the_short_tier_picks_its_model_table_row_and_caps_the_output():
                                                       "tier": "short", "max_tokens": "200"})
     assert normal.model == "claude-opus-4-7" and normal.max_tokens == 4096
     assert short.model == "claude-haiku-4-5" and short.max_tokens == 200
+
+
+def test_counting_never_waits_for_the_disk_and_close_writes_everything(tmp_path,
+                                                                       monkeypatch):
+    """Charges count in memory at once; the store's own thread writes them, in order,
+    and `close` waits for that: a held disk holds up nobody who counts."""
+    import threading
+    from opencortex.budget_store import BudgetStore, Used
+    release = threading.Event()
+    real = BudgetStore._write
+
+    def held(self, *args):
+        assert release.wait(20), "the test never released the disk"
+        real(self, *args)
+    monkeypatch.setattr(BudgetStore, "_write", held)
+    store = BudgetStore(tmp_path / "budgets.sqlite")
+    store.charge("session:cli:local", "always", 100, 0.5)
+    store.charge("session:cli:local", "always", 20, 0.25)
+    store.grant("session:cli:local", "always", 1000)
+    store.mark_announced("session:cli:local", "always")
+    store.mark_announced("session:cli:local", "always")
+    assert store.used("session:cli:local", "always") == Used(120, 0.75, 1000, True)
+    release.set()
+    store.close()
+    again = BudgetStore(tmp_path / "budgets.sqlite")
+    assert again.used("session:cli:local", "always") == Used(120, 0.75, 1000, True)
+    assert again.used("owner:nobody", "always") == Used()
+    again.close()

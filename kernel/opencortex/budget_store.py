@@ -4,16 +4,24 @@ One row per (key, period): a key is a thread ("session:telegram:42") or an
 owner ("owner:alice"); a period is a UTC day ("2026-11-23") for budgets that
 renew daily, or "always".  Rows hold the tokens and dollars used, the tokens
 an owner granted on top, and whether the short-answer tier was announced.
-Writes are committed with `synchronous = FULL` (fsynced) before the kernel
-goes on.
+
+The kernel reads and counts in memory (the rows are read once, when the store
+opens: one kernel per home; a row is a few dozen bytes), so a turn never
+waits for the disk on the event loop.  Each change is written by the store's own thread, in order, as an
+increment committed with `synchronous = FULL` (fsynced); `close` waits for
+them.  A crash can lose the changes of the last moments (a budget then allows
+that little more), never a count written before.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
-import threading
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 STORE_NAME = "budgets.sqlite"
 _SCHEMA = """
@@ -36,53 +44,74 @@ class Used:
 
 
 class BudgetStore:
-    """Usage counters per key and period, in one SQLite file."""
+    """Usage counters per key and period: in memory, written through to one SQLite file."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA synchronous = FULL")
         self._db.execute(_SCHEMA)
+        self._used: dict[tuple[str, str], Used] = {
+            (key, period): Used(tokens, cost, granted, bool(announced))
+            for key, period, tokens, cost, granted, announced in self._db.execute(
+                "SELECT key, period, tokens, cost, granted, announced FROM usage")}
+        self._disk = ThreadPoolExecutor(1, thread_name_prefix="opencortex-budgets")
+        self._closed = False
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        """Write what was counted, then close the file."""
+        if self._closed:
+            return
+        self._closed = True
+        self._disk.shutdown(wait=True)
+        self._db.close()
 
     def used(self, key: str, period: str) -> Used:
         """What KEY used in PERIOD (zeros when nothing yet)."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT tokens, cost, granted, announced FROM usage WHERE key = ? AND period = ?",
-                (key, period)).fetchone()
-        return Used() if row is None else Used(row[0], row[1], row[2], bool(row[3]))
+        return self._used.get((key, period), Used())
 
-    def _bump(self, key: str, period: str, column: str, amount: float) -> None:
-        with self._lock:
+    def _add(self, key: str, period: str, **amounts: float) -> None:
+        """Add AMOUNTS (column -> increment) to KEY's row for PERIOD, in memory at once and
+        on disk by the store's thread (not after `close`: the kernel has stopped)."""
+        now = self.used(key, period)
+        self._used[(key, period)] = replace(now, **{
+            column: (getattr(now, column) + amount if column != "announced" else True)
+            for column, amount in amounts.items()})
+        if not self._closed:
+            self._disk.submit(self._write, key, period, amounts).add_done_callback(_logged)
+
+    def _write(self, key: str, period: str, amounts: dict[str, float]) -> None:
+        """One change, committed (in the store's thread)."""
+        columns = ", ".join(f"{column} = {column} + ?" for column in amounts)
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
             self._db.execute("INSERT OR IGNORE INTO usage (key, period) VALUES (?, ?)",
                              (key, period))
-            self._db.execute(f"UPDATE usage SET {column} = {column} + ? "
-                             "WHERE key = ? AND period = ?", (amount, key, period))
+            self._db.execute(f"UPDATE usage SET {columns} WHERE key = ? AND period = ?",
+                             (*amounts.values(), key, period))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     def charge(self, key: str, period: str, tokens: int, cost: float) -> None:
         """Add TOKENS and COST to what KEY used in PERIOD."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("INSERT OR IGNORE INTO usage (key, period) VALUES (?, ?)",
-                                 (key, period))
-                self._db.execute("UPDATE usage SET tokens = tokens + ?, cost = cost + ? "
-                                 "WHERE key = ? AND period = ?", (tokens, cost, key, period))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        self._add(key, period, tokens=tokens, cost=cost)
 
     def grant(self, key: str, period: str, tokens: int) -> None:
         """Let KEY use TOKENS more in PERIOD (an owner said yes)."""
-        self._bump(key, period, "granted", tokens)
+        self._add(key, period, granted=tokens)
 
     def mark_announced(self, key: str, period: str) -> None:
         """Remember that the short-answer tier was announced for KEY in PERIOD."""
-        self._bump(key, period, "announced", 1)
+        if not self.used(key, period).announced:
+            self._add(key, period, announced=1)
+
+
+def _logged(written: Future) -> None:
+    """Log a change that could not be written (what failed, never a key's text)."""
+    error = written.exception()
+    if error is not None:
+        log.error("budget store: a change could not be written (%s); it counts until the "
+                  "kernel stops", type(error).__name__)
