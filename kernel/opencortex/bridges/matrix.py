@@ -22,6 +22,7 @@ this module maps it onto the bridge contract:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -124,8 +125,8 @@ class MatrixPlatform(Platform):
 
     async def acknowledge(self) -> None:
         if self._fetched and self._fetched != self._token:
-            self._token = self._fetched
-            self.session.state.put(next_batch=self._token)
+            self._token = self._fetched      # kept (fsynced) off the event loop
+            await asyncio.to_thread(self.session.state.put, next_batch=self._token)
 
     async def _invites(self, response: Any) -> None:
         """Join the rooms allowed users invite the bot to; decline every other invite."""
@@ -153,7 +154,8 @@ class MatrixPlatform(Platform):
             seen = read_event(event.source)
             if seen is not None:
                 read.append((room_id, event, seen))
-        positions, before = self.session.state.positions([seen.event_id for *_, seen in read])
+        positions, before = await asyncio.to_thread(     # kept (fsynced) off the event loop
+            self.session.state.positions, [seen.event_id for *_, seen in read])
         items: list[Inbound | Decision] = []
         for room_id, event, seen in read:
             if seen.kind == "reaction" and seen.event_id in before:

@@ -14,7 +14,8 @@ One SQLite file, `HOME/bridges/matrix/state.sqlite3` (directory 0700, file 0600)
   least the current time in microseconds), so they stay above every earlier
   one even if this file is lost.  Only the newest `KEEP` events are remembered.
 
-Every write is one transaction, fsynced (WAL, synchronous=FULL).
+Every write is one transaction, fsynced (WAL, synchronous=FULL); the bridge makes
+its per-sync writes (positions, the sync token) on a worker thread, off the loop.
 """
 
 from __future__ import annotations
