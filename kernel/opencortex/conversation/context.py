@@ -142,10 +142,11 @@ class WorkingContext:
         (or the hysteresis held it back).  An id already present is a ValueError.
         """
         ids, seen = self._id_maps()
-        new = [entry.id for entry in entries]
-        if len(set(new)) != len(new) or any(id_ in ids for id_ in new):
-            present = next(id_ for n, id_ in enumerate(new) if id_ in ids or id_ in new[:n])
-            raise ValueError(f"entry {present!r} is already in the context")
+        adding: set[str] = set()
+        for entry in entries:
+            if entry.id in ids or entry.id in adding:
+                raise ValueError(f"entry {entry.id!r} is already in the context")
+            adding.add(entry.id)
         for entry in entries:
             if entry.tokens == 0 and entry.text:
                 entry = dataclasses.replace(entry, tokens=count_tokens(entry.text))
