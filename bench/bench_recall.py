@@ -11,7 +11,9 @@ are chat-like sentences (function words, a few common and a few rare words).
 
 Figures: p50 / p95 / max of `Recall.recall` (k=5) for the local owner and for a
 single Telegram user (targets: p95 <= 10 ms at 100k, <= 50 ms at 1M), and of an
-unscoped `Archive.search` with only very common words (the guarded case).
+unscoped `Archive.search` with only very common words (the guarded case); and
+recall for one owner as the number of its threads grows (30, 1,000, 5,000 threads
+holding 20k messages): it should not grow with them.
 """
 
 from __future__ import annotations
@@ -93,6 +95,28 @@ def bench(size: int, count: int = 300) -> None:
         archive.close()
 
 
+def bench_threads(total: int, counts: list[int], queries_n: int) -> None:
+    """Recall for one owner whose TOTAL messages are spread over each of COUNTS threads
+    (years of Emacs chats): the cost should not grow with the number of threads."""
+    print(f"recall, local owner, {total:,} messages spread over N of its threads")
+    for count in counts:
+        rng = random.Random(count)
+        threads = [Thread("emacs", f"chat{i}") for i in range(count)]
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = Archive(Path(tmp))
+            for start in range(0, total, 1000):
+                archive.append([NewMessage(role="user", text=sentence(rng),
+                                           thread=threads[i % count])
+                                for i in range(start, min(start + 1000, total))])
+            recall = Recall(archive, {})
+            queries = [sentence(rng, words=6) for _ in range(queries_n)]
+            time.sleep(SETTLE_NS / 1e9)
+            recall.recall(threads[0], queries[0])
+            print(figures(f"N = {count:,} threads",
+                          timed(lambda q: recall.recall(threads[0], q, k=5), queries)))
+            archive.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--million", action="store_true", help="also measure at 1M messages")
@@ -102,6 +126,10 @@ def main() -> None:
     sizes = [10_000] if args.quick else [10_000, 100_000]
     for size in sizes + ([1_000_000] if args.million else []):
         bench(size, 50 if args.quick else 300)
+    if args.quick:
+        bench_threads(2_000, [30, 1_000], 30)
+    else:
+        bench_threads(20_000, [30, 1_000, 5_000], 300)
 
 
 if __name__ == "__main__":

@@ -155,6 +155,40 @@ def test_recall_never_crosses_owners_unless_shared(archive):
         "deploy key rotation schedule"]
 
 
+def test_recall_work_does_not_grow_with_the_owners_number_of_threads(tmp_path, monkeypatch):
+    """Years of Emacs chats are thousands of threads of one owner: recall searches the
+    owner's table whole, with no lookup, filter or check per thread (each hit is
+    still checked), so 300 messages in 300 threads cost what they cost in 3.  Before, it
+    cost about 2.7 ms at 1,000 threads and 17 ms at 5,000 (bench_recall.py)."""
+    from opencortex.memory import partitions, records
+    looked: list[str] = []
+    monkeypatch.setattr(records, "check_thread", lambda *a, _f=records.check_thread: (
+        looked.append("check_thread"), _f(*a))[1])
+    monkeypatch.setattr(partitions.Partitions, "known_table", lambda self, t, _f=partitions.
+                        Partitions.known_table: (looked.append("known_table"), _f(self, t))[1])
+
+    def recall_work(threads: int) -> tuple[int, list[str]]:
+        with Archive(tmp_path / f"memory-{threads}") as archive:
+            archive.append([say(f"pelican note {i} with words",
+                                Thread("emacs", f"chat{i % threads}")) for i in range(300)] +
+                           [say("pelican secret of someone else", ALICE)])
+            recall = Recall(archive, {})
+            statements: list[str] = []
+            with archive._readers.reading() as reader:
+                for index in (reader, archive._index):
+                    index._db.set_trace_callback(lambda sql: sql.startswith("--") or
+                                                 statements.append(sql))  # ours, not FTS5's
+            recall.recall(EMACS, "pelican words")           # warm: counts and tables
+            statements.clear()
+            looked.clear()
+            found = recall.recall(EMACS, "pelican words")
+            assert len(found) == 5
+            assert not any("someone else" in e.text for e in found)
+            return len(statements), list(looked)
+    few, many = recall_work(3), recall_work(300)
+    assert many == few and few[1] == []
+
+
 def test_recall_honours_k_exclusions_and_empty_queries(archive):
     records = archive.append([say(f"kiwi fact number {i}", CLI) for i in range(8)])
     recall = Recall(archive, {})

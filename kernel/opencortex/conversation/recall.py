@@ -222,28 +222,32 @@ class Recall:
         if k <= 0 or not query.strip():
             return [], hint
         thread = Thread(*thread)
-        scope = self.scope(thread)
+        allowed = {self.owner(thread), *self.shared_owners}
         words = recall_query(hint.text) if hint.text.strip() else recall_query(query)
-        search = partial(self.archive.search, words, threads=scope, exclude_ids=exclude_ids,
-                         snippets=snippets)
+        if self.archive.partition == self.owner:     # its tables are these owners' threads
+            where: dict = {"owners": allowed}
+        else:                                        # another partition was set since
+            where = {"threads": self.scope(thread)}
+        search = partial(self.archive.search, words, exclude_ids=exclude_ids,
+                         snippets=snippets, **where)
         if hint.window is None and not hint.recent and self.dense is None:
             # Then the K best are the first K of the candidates, and only those are read,
             # unless merged copies or hits outside the scope leave fewer than K of them.
             first = search(limit=k, candidates=CANDIDATES * k)
-            kept = self._kept(thread, scope, first, hint, query, exclude_ids)
+            kept = self._kept(thread, allowed, first, hint, query, exclude_ids)
             if len(kept) >= k or len(first) < k:
                 return kept[:k], hint
         found = [] if hint.window is None else search(limit=2 * k, window=hint.window)
         general = search(limit=CANDIDATES * k)
         found += _newer_first(general) if hint.recent else general
-        return self._kept(thread, scope, found, hint, query, exclude_ids)[:k], hint
+        return self._kept(thread, allowed, found, hint, query, exclude_ids)[:k], hint
 
-    def _kept(self, thread: Thread, scope: list[Thread], found: list[SearchHit],
+    def _kept(self, thread: Thread, allowed: set[str], found: list[SearchHit],
               hint: DateHint, query: str, exclude_ids: Collection[str]) -> list[Ranked]:
         """FOUND (the lexical hits, best first) each message once, fused with the dense
-        ranking if any, and checked to be THREAD's owner's or a shared owner's."""
+        ranking if any, and checked to be of an ALLOWED owner (THREAD's or a shared one)."""
         lexical = unique(found, seen=exclude_ids)        # a merged copy is the same message
-        dense = self._dense(scope, hint.text if hint.text.strip() else query, exclude_ids,
+        dense = self._dense(thread, hint.text if hint.text.strip() else query, exclude_ids,
                             hint)
         if dense is None:
             ranked = [Ranked(hit, rank, None, None) for rank, hit in enumerate(lexical, 1)]
@@ -252,7 +256,6 @@ class Recall:
             ranked = fuse(lexical, dense, k=settings.k, weight=settings.weight)
             once = {hit.id for hit in unique([r.hit for r in ranked], seen=exclude_ids)}
             ranked = [r for r in ranked if r.hit.id in once]
-        allowed = {self.owner(thread), *self.shared_owners}
         kept = []
         owners: dict[Thread, str] = {}        # each hit's thread's owner, found once
         for item in ranked:
@@ -263,15 +266,14 @@ class Recall:
                 log.error("recall: dropped a hit outside the owner's scope")   # never expected
                 continue
             kept.append(item)
-        log.debug("recall: %d of %d thread(s) searched", len(scope), len(self._known))
         return kept
 
-    def _dense(self, scope: list[Thread], text: str, exclude_ids: Collection[str],
+    def _dense(self, thread: Thread, text: str, exclude_ids: Collection[str],
                hint: DateHint) -> list[SearchHit] | None:
-        """The dense ranking of SCOPE for TEXT, or None (no model, or it failed)."""
+        """The dense ranking of THREAD's scope for TEXT, or None (no model, or it failed)."""
         if self.dense is None:
             return None
-        found = self.dense.rank(scope, text, exclude_ids=exclude_ids, window=hint.window)
+        found = self.dense.rank(self.scope(thread), text, exclude_ids=exclude_ids, window=hint.window)
         if found is None or not hint.recent:
             return found
         return _newer_first(found)

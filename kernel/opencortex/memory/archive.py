@@ -115,6 +115,11 @@ class Archive:
         """Held while files and index change together (`retention` holds it too)."""
         return self._lock
 
+    @property
+    def partition(self) -> Partition:
+        """Whose each thread is, as search ranks it (see `set_partition`)."""
+        return self._index.partition
+
     def set_partition(self, partition: Partition) -> int:
         """Rank search per owner as PARTITION (thread -> owner name) says: each owner's
         messages are scored with that owner's word statistics.  Threads indexed
@@ -266,12 +271,15 @@ class Archive:
                threads: Sequence[Thread] | None = None, limit: int = 10,
                exclude_ids: Collection[str] = (),
                window: tuple[float, float] | None = None,
-               snippets: bool = True, candidates: int | None = None) -> list[SearchHit]:
+               snippets: bool = True, candidates: int | None = None,
+               owners: Collection[str] | None = None) -> list[SearchHit]:
         """Messages matching the words of QUERY, best first (BM25).
 
         Any word matches (OR); at most 1000 hits.  Scores are -bm25: higher is
         better.  With THREAD and/or THREADS, only messages of those threads (both
-        together: their union; an empty THREADS alone: nothing).  Messages whose
+        together: their union; an empty THREADS alone: nothing).  With OWNERS
+        instead, only messages of the threads `set_partition` gave those owners
+        (at a cost that does not grow with their number of threads).  Messages whose
         id is in EXCLUDE_IDS and control records are left out.  Very common words
         are skipped while rarer ones remain (see `MessageIndex.search`).  WINDOW
         (start, end epoch seconds): only messages said in that span.  Without
@@ -281,7 +289,7 @@ class Archive:
         if not isinstance(query, str):
             raise TypeError(f"query must be text, not {type(query).__name__}")
         check_unicode(query, "search query")
-        scope = check_scope(thread, threads)
+        scope = check_scope(thread, threads, owners)
         if isinstance(exclude_ids, str):
             raise TypeError("exclude_ids must be a collection of ids, not one string")
         limit = min(_check_limit(limit), MAX_HITS)
@@ -290,7 +298,7 @@ class Archive:
         candidates = min(max(limit, _check_limit(candidates or limit)), MAX_HITS)
         with self._reading() as index:
             return index.search(query, scope, limit, exclude_ids, window, snippets=snippets,
-                                candidates=candidates)
+                                candidates=candidates, owners=owners)
 
     def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
         """The messages just before and after MESSAGE_ID in its thread (None: none)."""

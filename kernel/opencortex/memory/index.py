@@ -193,6 +193,11 @@ class MessageIndex(RankedSearch):
             self.forget_caches()
             raise
 
+    @property
+    def partition(self) -> Partition:
+        """What names each thread's partition (its owner): see `set_partition`."""
+        return self._partitions.partition
+
     def set_partition(self, partition: Partition) -> int:
         """Rank per PARTITION (thread -> owner name) from now on; threads indexed under
         another partition are moved.  Returns how many threads moved."""

@@ -24,7 +24,7 @@ import functools
 import hashlib
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from opencortex.events import Thread
 
@@ -76,6 +76,7 @@ class Partitions:
         self.tokenizer = tokenizer
         self.partition: Partition = default_partition
         self._tables: dict[Thread, str] = {}
+        self._named: dict[str, str] = {}                  # partition name -> its table
         self._shared: dict[str, tuple[int, float]] = {}   # table -> (threads, when counted)
 
     def attach(self, db: sqlite3.Connection) -> None:
@@ -86,6 +87,7 @@ class Partitions:
     def forget_cache(self) -> None:
         """Drop what is remembered about tables (after the schema was recreated)."""
         self._tables.clear()
+        self._named.clear()
         self._shared.clear()
 
     def table_of(self, thread: Thread) -> str:
@@ -122,6 +124,20 @@ class Partitions:
     def tables(self) -> list[str]:
         """Every partition's FTS table."""
         return [f"fts_{n}" for (n,) in self._db.execute("SELECT tab FROM parts ORDER BY tab")]
+
+    def tables_of(self, names: Collection[str]) -> list[str]:
+        """The FTS tables of the partitions NAMES (one without a table yet has none)."""
+        found = []
+        for name in sorted(set(names)):
+            table = self._named.get(name)
+            if table is None:
+                row = self._db.execute("SELECT tab FROM parts WHERE name = ?",
+                                       (name,)).fetchone()
+                if row is None:
+                    continue
+                table = self._named[name] = f"fts_{row[0]}"
+            found.append(table)
+        return found
 
     def threads_in(self, table: str) -> int:
         """How many threads share TABLE, counted again after SHARED_TTL seconds.  (A

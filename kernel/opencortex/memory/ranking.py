@@ -45,11 +45,16 @@ class RankedSearch:
     def search(self, query: str, threads: Collection[Thread] | None, limit: int,
                exclude_ids: Collection[str] = (),
                window: tuple[float, float] | None = None, *,
-               snippets: bool = True, candidates: int | None = None) -> list[SearchHit]:
+               snippets: bool = True, candidates: int | None = None,
+               owners: Collection[str] | None = None) -> list[SearchHit]:
         """Best BM25 matches for the words of QUERY (any word), optionally only in THREADS
-        and only said within WINDOW (start, end epoch seconds, end excluded); with
-        CANDIDATES (>= LIMIT), the first LIMIT of a search for that many.
+        or only in the tables of OWNERS (partitions: see `partitions`), and only said
+        within WINDOW (start, end epoch seconds, end excluded); with CANDIDATES
+        (>= LIMIT), the first LIMIT of a search for that many.
 
+        A search by OWNERS costs the same however many threads they have; one by
+        THREADS looks at each thread (and filters by thread unless they fill
+        their tables).
         Each owner's table is ranked with its own statistics; results of several
         owners are merged by score.  Messages whose id is in EXCLUDE_IDS and
         control records are never returned.  Ranking costs time per matching
@@ -64,6 +69,8 @@ class RankedSearch:
         phrases = query_phrases(query)
         if not phrases or limit <= 0 or (threads is not None and not threads):
             return []
+        if threads is not None and owners is not None:
+            raise ValueError("search by threads or by owners, not both")
         scope = None if threads is None else {Thread(*thread) for thread in threads}
         exclude = exclude_ids if isinstance(exclude_ids, AbstractSet) else set(exclude_ids)
 
@@ -73,7 +80,9 @@ class RankedSearch:
                     and (scope is None or Thread(row[5], row[6]) in scope))
         found: list[tuple[tuple, tuple, str, str]] = []       # key, row, table, words
         wanted = (limit, max(limit, candidates or limit) + len(exclude))   # kept, read
-        for table, tokens in self._targets(scope):
+        targets = self._targets(scope) if owners is None else \
+            [(table, None) for table in self._parts.tables_of(owners)]
+        for table, tokens in targets:
             found += self._search_table(table, tokens, phrases, wanted, window, returnable)
         found.sort(key=lambda item: item[0])
         kept = found[:limit]

@@ -61,9 +61,14 @@ def check_thread(thread: Thread) -> Thread:
     return Thread(channel, chat_id)
 
 
-def check_scope(thread: Thread | None, threads: Iterable[Thread] | None) -> set[Thread] | None:
+def check_scope(thread: Thread | None, threads: Iterable[Thread] | None,
+                owners: Iterable[str] | None = None) -> set[Thread] | None:
     """The threads a search asked for by THREAD and/or THREADS (their union), checked;
-    None when it asked for none (everything)."""
+    None when it asked for none (everything, or OWNERS: names, never with threads)."""
+    if owners is not None and (thread is not None or threads is not None or isinstance(
+            owners, str) or not all(isinstance(owner, str) for owner in owners)):
+        raise TypeError("owners must be a collection of owner names, given without "
+                        "thread or threads")
     if thread is None and threads is None:
         return None
     if isinstance(threads, (str, Thread)):
