@@ -132,8 +132,9 @@ def test_a_recalled_question_brings_its_reply_and_shows_its_date(archive):
 
 def test_the_neighbours_of_several_messages_come_from_one_read(archive):
     """Each known id's conversation neighbours in its own thread, as `neighbours` gives
-    them one at a time: control records are passed over, an unknown id is left out, and
-    the message after is looked for only where asked."""
+    them one at a time: control records are passed over, an unknown id is left out, the
+    message after is looked for only where asked, and the one before (when asked) only
+    if it holds a question mark (recall reads no other: see `_partner`)."""
     first, second = archive.append([say("which port?", CLI), say("5433", CLI, role="assistant")])
     archive.append([control(CLI, first.id, "Pinned the port question")])
     [third] = archive.append([say("thanks", CLI)])
@@ -147,6 +148,9 @@ def test_the_neighbours_of_several_messages_come_from_one_read(archive):
     assert archive.neighbours("no-such-id") == (None, None)
     only_first = archive.neighbours_of(ids[:2], after_of=[first.id])   # the next one: of first
     assert only_first == {first.id: near[first.id], second.id: (near[second.id][0], None)}
+    asking = archive.neighbours_of(ids[:3], before_with="?")     # a question before, only
+    assert asking == {first.id: near[first.id], second.id: near[second.id],
+                      third.id: (None, None)}
 
 
 def test_a_recalled_reply_brings_the_question_it_answers(archive):

@@ -194,9 +194,9 @@ class Recall:
         hits, _ = self.hits(thread, query, k=k, exclude_ids=exclude_ids)
         entries = [self.entry(hit) for hit in hits]
         known = {hit.id for hit in hits}        # beside EXCLUDE_IDS
-        near = self.archive.neighbours_of(      # the reply is looked for after questions
-            [hit.id for hit in hits], after_of=[hit.id for hit in hits if _asks(hit.text)]
-        ) if hits else {}
+        near = self.archive.neighbours_of(      # the reply after questions; a question before
+            [hit.id for hit in hits], after_of=[hit.id for hit in hits if _asks(hit.text)],
+            before_with="?") if hits else {}
         for hit in hits:
             partner = _partner(hit, *near.get(hit.id, (None, None)))
             if partner is not None and partner.id not in known and \

@@ -312,14 +312,16 @@ class MessageIndex(RankedSearch):
         return self.neighbours_of([message_id]).get(message_id, (None, None))
 
     def neighbours_of(self, message_ids: Iterable[str], *,
-                      after_of: Iterable[str] | None = None
+                      after_of: Iterable[str] | None = None, before_with: str | None = None
                       ) -> dict[str, tuple[MessageRecord | None, MessageRecord | None]]:
         """`neighbours` of each of MESSAGE_IDS that is indexed, read by one query; the
-        message after is looked for only for the ids in AFTER_OF (default: all)."""
+        message after is looked for only for the ids in AFTER_OF (default: all), the
+        one before (with BEFORE_WITH) only when its text holds BEFORE_WITH."""
         ids = list(message_ids)
         found: dict[str, list[MessageRecord | None]] = {}
         for message_id, after, *row in self._db.execute(_NEIGHBOURS, (
-                json.dumps(ids), json.dumps(ids if after_of is None else list(after_of)))):
+                json.dumps(ids), json.dumps(ids if after_of is None else list(after_of)),
+                before_with)):
             pair = found.setdefault(message_id, [None, None])
             if row[0] is not None:
                 pair[after] = MessageRecord(**record_fields(row))
@@ -333,12 +335,13 @@ def _nearest(sign: str, order: str) -> str:
             f"ORDER BY n.offset {order} LIMIT 1)")
 
 
-# Each indexed message of a JSON list of ids (?1), with its neighbour before (after = 0)
-# and, if its id is in the list ?2, after (1); one row of NULLs when it has none
-# (`extra` is n's: the innermost).
+# Each indexed message of a JSON list of ids (?1), with its neighbour before (after = 0;
+# when ?3 is not NULL, only if its text holds ?3) and, if its id is in the list ?2,
+# after (1); one row of NULLs when it has none (`extra` is n's: the innermost).
 _NEIGHBOURS = (
     f"WITH near (id, before, after) AS (SELECT h.id, {_nearest('<', 'DESC')}, "
     f"CASE WHEN h.id IN (SELECT value FROM json_each(?2)) THEN {_nearest('>', 'ASC')} END "
     f"FROM messages h WHERE h.id IN (SELECT value FROM json_each(?1))) "
     f"SELECT near.id, m.seq IS near.after, {columns_of('m')} "
-    f"FROM near LEFT JOIN messages m ON m.seq IN (near.before, near.after)")
+    f"FROM near LEFT JOIN messages m ON m.seq IN (near.before, near.after) "
+    f"AND (m.seq IS near.after OR ?3 IS NULL OR instr(m.text, ?3) > 0)")
