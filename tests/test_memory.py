@@ -179,6 +179,22 @@ def test_odd_chat_ids_get_safe_reversible_files(archive):
     assert safe_name("!room:matrix.org") == "%21room%3Amatrix.org"
 
 
+def test_a_channel_directory_removed_while_running_is_made_again(archive):
+    """A write makes its channel's directory only when opening the file finds none (a
+    new channel, or one removed meanwhile), not on every write; a thread's file path is
+    remembered, and a bad thread is refused every time it is asked for."""
+    import shutil
+    archive.append([say("first", Thread("signal", "+15550100"))])
+    shutil.rmtree(archive.root / "signal")
+    [again] = archive.append([say("second", Thread("signal", "+15550100"))])
+    assert archive.thread_records(Thread("signal", "+15550100")) == [again]
+    assert archive.thread_file(Thread("signal", "+15550100")) is \
+        archive.thread_file(Thread("signal", "+15550100"))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="archive directory"):
+            archive.thread_file(Thread("../etc", "x"))
+
+
 def test_bad_input_is_refused_with_a_clear_message(archive):
     with pytest.raises(ValidationError, match="UPPER_CASE"):
         say("x", extra={"skill": "a"})

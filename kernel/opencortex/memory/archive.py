@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 INDEX_NAME = "index.sqlite"
 MAX_HITS = 1000              # most search hits returned at once
+KNOWN_PATHS = 4096           # thread file paths remembered
 MESSAGE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}")   # an id given to `append`
 
 
@@ -81,6 +82,7 @@ class Archive:
         self._lock = threading.RLock()
         self._writer = GroupWriter(self._commit)
         self._tails = Tails()                        # what each file ended with (writer)
+        self._paths: dict[Thread, Path] = {}         # thread -> its file (`thread_file`)
         self._readers: Readers | None = None         # the connections searches read through
         self.files_made = 0          # thread files this archive created (recall looks again)
         if read_only:
@@ -130,8 +132,14 @@ class Archive:
     # -- files -------------------------------------------------------------
 
     def thread_file(self, thread: Thread) -> Path:
-        """The org file holding THREAD's messages."""
-        return thread_path(self.root, thread)
+        """The org file holding THREAD's messages (remembered: each write asks twice)."""
+        path = self._paths.get(thread) if type(thread) is Thread else None
+        if path is None:
+            path = thread_path(self.root, thread)         # ValueError for a bad thread
+            if len(self._paths) >= KNOWN_PATHS:
+                self._paths.clear()
+            self._paths[check_thread(thread)] = path
+        return path
 
     def _name(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()

@@ -160,8 +160,7 @@ def _write_group(files: list[_Pending], tails: Tails) -> list[Written]:
     with ExitStack() as stack:
         for pending in files:
             try:
-                pending.path.parent.mkdir(mode=0o700, exist_ok=True)
-                fd = stack.enter_context(locked(pending.path, exclusive=True, create=True))
+                fd = _opened(pending.path, stack)
             except OSError as error:     # ArchiveError too: a file that keeps being replaced
                 _fail(pending, error)
                 continue
@@ -187,6 +186,16 @@ def _write_group(files: list[_Pending], tails: Tails) -> list[Written]:
                 if pending.path.parent == directory:
                     _fail(pending, error)
     return synced
+
+
+def _opened(path: Path, stack: ExitStack) -> int:
+    """PATH locked for writing until STACK closes (created, and its channel directory
+    made, when missing: the directory is made only then, not on every write)."""
+    try:
+        return stack.enter_context(locked(path, exclusive=True, create=True))
+    except FileNotFoundError:       # a new channel, or its directory was removed
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        return stack.enter_context(locked(path, exclusive=True, create=True))
 
 
 def _write_one(fd: int, pending: _Pending, tails: Tails) -> int | None:
