@@ -6,7 +6,7 @@ from epc.handler import encode_message as python_epc_encode, unpack_message
 from hypothesis import given, settings, strategies as st
 from sexpdata import Symbol
 
-from opencortex.epc_codec import decode_message, encode_message
+from opencortex.epc_codec import _plain_call, decode_message, encode_message
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40) | \
     st.sampled_from(["", "a\\b", 'say "hi"', "\b\f\n\r\t", "(paren) [x] ;c #h ?q 'a `b ,c",
@@ -57,3 +57,28 @@ def test_a_plain_return_is_read_without_sexpdata():
         except Exception as error:
             got = type(error)
         assert got == expected, frame
+
+
+PLAIN_ARGS = st.lists(TEXT | st.integers(-10**14, 10**14) | st.none() | st.just(True), max_size=4)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 10**15), st.text(alphabet="abcz-09", min_size=1, max_size=12)
+       .filter(lambda m: m[0].isalpha()), PLAIN_ARGS)
+def test_a_call_with_plain_arguments_is_read_as_python_epc_reads_it(uid, method, args):
+    """A call is read without sexpdata when its arguments are plain (strings without a
+    backslash, integers, nil, t), and always as python-epc's own reader reads it."""
+    frame = python_epc_encode("call", uid, Symbol(method), args)[6:]
+    assert decode_message(frame) == unpack_message(frame)
+    plain = all(not isinstance(a, str) or "\\" not in a and '"' not in a and not any(
+        c in a for c in "\b\f\r\t") and "\n" not in a for a in args)
+    assert (_plain_call(frame) is not None) == plain
+
+
+def test_frames_near_a_plain_call_are_left_to_sexpdata():
+    for frame in (b'(call 12 x ("a\\"b"))', b'(call 12 x (12abc))', b'(call 12 x (tt nil))',
+                  b'(call 12 X ("a"))', b'(call 12 x "a")', b'(call 12 x ("a") 3)',
+                  b'(call 12 x ("a"))(x)', b'(call 12 x ("\xff"))', b'(call -1 x ())'):
+        assert _plain_call(frame) is None, frame
+    assert decode_message(b'(call 7 x ("multi\nline" -3 nil t))\n') == (
+        "call", 7, [Symbol("x"), ["multi\nline", -3, [], True]])

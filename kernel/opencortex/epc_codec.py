@@ -7,8 +7,11 @@ a streamed chunk, on the event loop, several times a turn.  This printer covers
 the values the kernel sends (strings, symbols, ints, floats, t/nil, lists,
 tuples, mappings as plists) with the same output, byte for byte (a property test
 holds it to `sexpdata.dumps`); anything else goes to sexpdata as before.
-Reading: the commonest message, Emacs's `(return UID t)` (or nil) to a stream
-chunk or a status, is recognised directly; everything else is read by sexpdata.
+Reading: the commonest messages are recognised directly: Emacs's `(return UID t)`
+(or nil) to a stream chunk or a status, and a call whose arguments are plain strings
+(no backslash), integers, nil (or ()) and t, as `(call UID send-message ("chat" "text"))`
+(sexpdata takes about 17 us for that one); everything else is read by sexpdata.
+A property test holds both to python-epc's `unpack_message`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ STRING_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\b", "\\b"), ("\f", "\\f"),
                   ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
 SYMBOL_SPECIALS = re.compile(r"""[\\'`"()\[\] ,?;#]""")
 PLAIN_RETURN = re.compile(rb"\(return (\d{1,15}) (t|nil)\)\n?")
+_ATOM = r'"[^"\\]*"|-?[0-9]{1,15}|nil|\(\)|t'
+PLAIN_CALL = re.compile(rf"\(call ([0-9]{{1,15}}) ([a-z][a-z0-9-]{{0,63}}) "
+                        rf"\(((?:{_ATOM})(?: (?:{_ATOM}))*)?\)\)\n?")
+PLAIN_ATOM = re.compile(r'"([^"\\]*)"|(-?[0-9]{1,15})|(nil|\(\))|t')
 
 
 def encode_message(name: str, *args: Any) -> bytes:
@@ -76,4 +83,22 @@ def decode_message(frame: bytes) -> tuple[str, Any, list[Any]]:
     plain = PLAIN_RETURN.fullmatch(frame)
     if plain:
         return "return", int(plain.group(1)), [True if plain.group(2) == b"t" else []]
-    return unpack_message(frame)
+    return _plain_call(frame) or unpack_message(frame)
+
+
+def _plain_call(frame: bytes) -> tuple[str, int, list[Any]] | None:
+    """FRAME read as a call with plain arguments (see the module notes), or None."""
+    if not frame.startswith(b"(call "):
+        return None
+    try:
+        call = PLAIN_CALL.fullmatch(frame.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
+    if call is None:
+        return None
+    args: list[Any] = []
+    for atom in PLAIN_ATOM.finditer(call.group(3) or ""):
+        text, number, nil = atom.groups()
+        args.append(text if text is not None else int(number) if number is not None
+                    else [] if nil is not None else True)
+    return "call", int(call.group(1)), [Symbol(call.group(2)), args]
