@@ -65,9 +65,10 @@ class Preparation:
         limit = self.config.prepare_timeout
         try:
             with self.telemetry.span("chat.context_render"):
-                prepared = await asyncio.wait_for(self.conversations.read(
-                    contextvars.copy_context().run, self._prepare, event, history, seen,
-                    persona), limit)
+                async with asyncio.timeout(limit):       # no task of its own (wait_for)
+                    prepared = await self.conversations.read(
+                        contextvars.copy_context().run, self._prepare, event, history, seen,
+                        persona)
         except TimeoutError:
             log.warning("preparing a turn of %s took over %g s", event.thread, limit)
             raise TurnFailed(f"recall and the skill's prompt took longer than {limit:g} s "

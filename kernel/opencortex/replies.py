@@ -100,8 +100,9 @@ class Replies:
         limit = self.config.judge_timeout
         try:
             with self.telemetry.span("verify") as span:
-                verdict = await asyncio.wait_for(
-                    asyncio.get_running_loop().run_in_executor(self._judges, call), limit)
+                async with asyncio.timeout(limit):
+                    verdict = await asyncio.get_running_loop().run_in_executor(
+                        self._judges, call)
                 span.set(status=verdict.status)
         except TimeoutError:
             log.warning("judging a reply of %d characters took over %g s", len(reply), limit)
