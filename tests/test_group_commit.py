@@ -381,3 +381,53 @@ def test_a_command_beside_a_pending_turn_applies_after_it_in_file_order(tmp_path
         assert log.head == reread.head == second[-1].id
         assert log.pins() == reread.pins() and log.turn_count() == reread.turn_count() == 2
         assert log.checkpoint()                 # its view is still the file's
+
+
+def test_slash_commands_write_off_the_loop(kernel, monkeypatch):
+    """A command's control records (fork, switch, merge, pin, strategy, rewind, reset,
+    load) and a saved session are written and fsynced by a reading thread, never by
+    the event loop's; while one waits for its disk, the loop runs on (a view of the
+    chat answers).  Before, each of them held the loop for its fsync."""
+    import re
+    loop_thread = threading.current_thread()         # asyncio.run runs the loop here
+    on_loop: list[int] = []
+    held, release, holding = threading.Event(), threading.Event(), [False]
+
+    def fsync(fd: int) -> None:
+        if threading.current_thread() is loop_thread:
+            on_loop.append(fd)
+        if holding[0] and threading.current_thread().name.startswith("opencortex-reader"):
+            held.set()
+            assert release.wait(WAIT), "the test never released the command's write"
+        real(fd)
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", fsync)
+
+    async def command(text: str) -> str:
+        result = await kernel.handle(chat_message(text, "cli", "commands"))
+        assert result.status == "done", (text, result.errors)
+        return result.text
+
+    async def main() -> None:
+        for text in ("first question", "second question"):
+            await kernel.handle(chat_message(text, "cli", "commands"))
+        branch = re.search(r"branch (\S+) at", await command("/fork 1")).group(1)
+        for text in ("/switch main", f"/merge {branch}", "/pin 1", "/unpin 1",
+                     "/strategy forget", "/save kept", "/rewind 1", "/reset", "/load kept",
+                     "/sessions", "/recall question"):
+            await command(text)
+        assert on_loop == []
+        holding[0] = True
+        forking = asyncio.ensure_future(command("/fork"))
+        assert await asyncio.to_thread(held.wait, WAIT), "the command wrote nothing"
+        shown = await asyncio.wait_for(kernel.view(Thread("cli", "commands")), WAIT)
+        for _ in range(3):                  # the loop runs on: timers fire, views answer
+            await asyncio.sleep(0.01)
+        assert shown["branch"] and not forking.done()
+        holding[0] = False
+        release.set()
+        assert "Forked branch" in await asyncio.wait_for(forking, WAIT)
+    try:
+        run(main())
+    finally:
+        release.set()

@@ -104,6 +104,12 @@ class Commands:
                                "leave it out") from None
         return await handler(self, conversation, words[1:], given or CommandInput())
 
+    async def off_loop(self, function, *args, **kwargs):
+        """FUNCTION(*ARGS, **KWARGS) run by a reading thread: a command's disk work (a
+        control record appended and fsynced, a rewrite, a search, skills compiled)
+        never holds up the event loop.  The thread's lock keeps its turns out meanwhile."""
+        return await self.conversations.read(function, *args, **kwargs)
+
 
 def _short(text: str, width: int = 100) -> str:
     line = " ".join(text.split())
@@ -172,19 +178,20 @@ async def _forget(commands: Commands, conv: Conversation, args: list[str],
     if args not in ([], ["yes"]):
         raise CommandError("usage: /forget, then /forget yes to confirm")
     if not args:
-        count = conversations.forget(conv.thread, apply=False)
+        count = await commands.off_loop(conversations.forget, conv.thread, apply=False)
         if not count:
             return "Nothing of this chat is in memory."
         return (f"This removes all {count} messages of this chat from memory (the archive "
                 "and its search index), for good. Send /forget yes to do it.")
-    count = conversations.forget(conv.thread, apply=True)
+    count = await commands.off_loop(conversations.forget, conv.thread, apply=True)
     return f"Forgot {count} messages of this chat; it starts empty now."
 
 
 @command("reset", "/reset — start afresh on a new empty branch (nothing is deleted)")
 async def _reset(commands: Commands, conv: Conversation, args: list[str],
                  given: CommandInput) -> str:
-    name = conv.log.start_afresh() if conv.log.turn_count() else conv.log.branch
+    name = (await commands.off_loop(conv.log.start_afresh) if conv.log.turn_count()
+            else conv.log.branch)
     conv.session.reset()
     await commands.conversations.refill(conv)
     return f"Started afresh on branch {name}; earlier turns stay in the archive."
@@ -194,7 +201,7 @@ async def _reset(commands: Commands, conv: Conversation, args: list[str],
 async def _fork(commands: Commands, conv: Conversation, args: list[str],
                 given: CommandInput) -> str:
     turn = _number(args[0], "turn") if args else None
-    name = conv.log.fork(turn)
+    name = await commands.off_loop(conv.log.fork, turn)
     await commands.conversations.refill(conv)
     where = f"turn {turn}" if turn is not None else "the latest turn"
     return f"Forked branch {name} at {where}; you are on it now."
@@ -206,7 +213,7 @@ async def _rewind(commands: Commands, conv: Conversation, args: list[str],
     if not args:
         raise CommandError("usage: /rewind N")
     turn = _number(args[0], "N")
-    kept = conv.log.rewind(turn)
+    kept = await commands.off_loop(conv.log.rewind, turn)
     if kept is None:
         return f"Branch {conv.log.branch} ends at turn {turn} already; nothing moved."
     await commands.conversations.refill(conv)
@@ -244,7 +251,7 @@ async def _switch(commands: Commands, conv: Conversation, args: list[str],
         raise CommandError(f"usage: /switch NAME (branches: {names})")
     if args[0] == conv.log.branch:
         return f"You are on branch {args[0]} already ({conv.log.turn_count()} turns)."
-    conv.log.switch(args[0])
+    await commands.off_loop(conv.log.switch, args[0])
     await commands.conversations.refill(conv)
     return f"Switched to branch {conv.log.branch} ({conv.log.turn_count()} turns)."
 
@@ -255,7 +262,7 @@ async def _merge(commands: Commands, conv: Conversation, args: list[str],
     if not args:
         names = ", ".join(sorted(conv.log.branches()))
         raise CommandError(f"usage: /merge BRANCH (branches: {names})")
-    copied = conv.log.merge(args[0])
+    copied = await commands.off_loop(conv.log.merge, args[0])
     await commands.conversations.refill(conv)
     return f"Merged {len(copied)} messages from branch {args[0]} into {conv.log.branch}."
 
@@ -264,9 +271,9 @@ async def _pinning(commands: Commands, conv: Conversation, args: list[str], pin:
     if not args:
         raise CommandError(f"usage: /{'pin' if pin else 'unpin'} N")
     turn = conv.log.turn(_number(args[0], "N"))
-    changed = 0
+    marked = conv.log.pin if pin else conv.log.unpin
+    changed = await commands.off_loop(lambda: sum(marked(i) for i in turn.ids))
     for message_id in turn.ids:
-        changed += conv.log.pin(message_id) if pin else conv.log.unpin(message_id)
         (conv.context.pin if pin else conv.context.unpin)(message_id)
     if pin:
         await commands.conversations.refill(conv)
@@ -291,9 +298,9 @@ async def _save(commands: Commands, conv: Conversation, args: list[str],
                 given: CommandInput) -> str:
     name = " ".join(args) or f"{conv.thread.channel}-{conv.thread.chat_id}-{conv.log.branch}"
     first = conv.log.turns()[0].records[0].text if conv.log.turn_count() else ""
-    commands.conversations.saved.save(name, conv.thread, conv.log.branch, conv.log.head,
-                                      _short(first, 60),
-                                      owner=commands.conversations.owner(conv.thread))
+    await commands.off_loop(commands.conversations.saved.save, name, conv.thread,
+                            conv.log.branch, conv.log.head, _short(first, 60),
+                            owner=commands.conversations.owner(conv.thread))
     return f"Saved as {name!r} (branch {conv.log.branch}, {conv.log.turn_count()} turns)."
 
 
@@ -303,19 +310,19 @@ async def _load(commands: Commands, conv: Conversation, args: list[str],
     if not args:
         raise CommandError("usage: /load NAME (see /sessions)")
     name = " ".join(args)
-    saved = commands.conversations.saved.get(
-        name, owner=commands.conversations.owner(conv.thread))
+    saved = await commands.off_loop(commands.conversations.saved.get, name,
+                                    owner=commands.conversations.owner(conv.thread))
     if saved is None:
         raise CommandError(f"no saved session named {name!r}; /sessions lists them")
     if saved.thread != conv.thread:
         raise CommandError(f"{name!r} belongs to {saved.thread}; load it there (threads never "
                            "share a conversation)")
     if saved.branch in conv.log.branches() and conv.log.reaches(saved.branch, saved.head):
-        conv.log.switch(saved.branch)      # the branch only grew since: continue it
+        await commands.off_loop(conv.log.switch, saved.branch)   # it only grew since
     elif saved.head:
-        conv.log.fork(at=saved.head)
+        await commands.off_loop(conv.log.fork, at=saved.head)
     else:
-        conv.log.start_afresh()
+        await commands.off_loop(conv.log.start_afresh)
     await commands.conversations.refill(conv)
     count = conv.log.turn_count()
     answer = f"Loaded {name!r}: you are on branch {conv.log.branch} with {count} turns."
@@ -330,7 +337,8 @@ async def _sessions(commands: Commands, conv: Conversation, args: list[str],
                     given: CommandInput) -> str:
     saved = commands.conversations.saved
     owner = commands.conversations.owner(conv.thread)
-    found = saved.search(" ".join(args), owner=owner) if args else saved.list(owner=owner)
+    found = await commands.off_loop(saved.search, " ".join(args), owner=owner) if args \
+        else await commands.off_loop(saved.list, owner=owner)
     return "\n".join(f"{s.name}  ({s.thread}, branch {s.branch})  {s.title}"
                      for s in found) or "No saved sessions."
 
@@ -340,7 +348,8 @@ async def _recall(commands: Commands, conv: Conversation, args: list[str],
                   given: CommandInput) -> str:
     if not args:
         raise CommandError("usage: /recall QUERY")
-    return commands.conversations.recall.explain(conv.thread, " ".join(args), k=10)
+    return await commands.off_loop(commands.conversations.recall.explain, conv.thread,
+                                   " ".join(args), k=10)
 
 
 @command("persona", "/persona — the persona note the kernel uses")
@@ -356,7 +365,7 @@ async def _strategy(commands: Commands, conv: Conversation, args: list[str],
         return f"Compression strategy: {conv.context.strategy}."
     name = args[0].lower()
     conv.context.set_strategy(name)         # ValueError naming the strategies
-    conv.log.set_strategy(name)
+    await commands.off_loop(conv.log.set_strategy, name)
     return f"Compression strategy for this chat: {name} (kept across restarts)."
 
 
@@ -365,7 +374,7 @@ async def _reload(commands: Commands, conv: Conversation, args: list[str],
                   given: CommandInput) -> str:
     if given.skills is None:
         raise CommandError("/reload needs the kernel's skills, which this caller did not give")
-    errors = given.skills.reload()
+    errors = await commands.off_loop(given.skills.reload)
     lines = [f"Reloaded {len(given.skills.skills)} skills."]
     lines += [f"Broken: {error}" for error in errors]
     return "\n".join(lines)

@@ -283,8 +283,8 @@ class Conversations:
                  for m in messages]
         records = await conversation.log.append_turn_async(batch, checkpoint=True)
         turn = conversation.log.turn_count()
-        for record in records if pin else ():
-            conversation.log.pin(record.id)
+        if pin:                         # control records: written off the loop too
+            await self.read(lambda: [conversation.log.pin(record.id) for record in records])
         report = await conversation.context.add(*[
             Entry(id=r.id, role=r.role, text=r.text, turn=turn, turn_type=r.turn_type,
                   retention="PRESERVED" if pin else default_retention(r.role, r.text,
