@@ -35,16 +35,16 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from opencortex.events import Thread
 from opencortex.memory.index import MessageIndex
-from opencortex.memory.layout import org_files, thread_path, threads_under
+from opencortex.memory.layout import ThreadFiles, org_files, threads_under
 from opencortex.memory.partitions import DEFAULT_TOKENIZER, Partition
-from opencortex.memory.readers import Readers
+from opencortex.memory.readers import Readers, searching
 from opencortex.memory.completeness import parse_thread_file
 from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit, check_scope,
                                        check_thread, check_unicode)
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 
 INDEX_NAME = "index.sqlite"
 MAX_HITS = 1000              # most search hits returned at once
-KNOWN_PATHS = 4096           # thread file paths remembered
 MESSAGE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}")   # an id given to `append`
 
 
@@ -82,7 +81,7 @@ class Archive:
         self._lock = threading.RLock()
         self._writer = GroupWriter(self._commit)
         self._tails = Tails()                        # what each file ended with (writer)
-        self._paths: dict[Thread, Path] = {}         # thread -> its file (`thread_file`)
+        self._files = ThreadFiles(self.root)         # where each thread is kept
         self._readers: Readers | None = None         # the connections searches read through
         self.files_made = 0          # thread files this archive created (recall looks again)
         if read_only:
@@ -132,17 +131,11 @@ class Archive:
     # -- files -------------------------------------------------------------
 
     def thread_file(self, thread: Thread) -> Path:
-        """The org file holding THREAD's messages (remembered: each write asks twice)."""
-        path = self._paths.get(thread) if type(thread) is Thread else None
-        if path is None:
-            path = thread_path(self.root, thread)         # ValueError for a bad thread
-            if len(self._paths) >= KNOWN_PATHS:
-                self._paths.clear()
-            self._paths[check_thread(thread)] = path
-        return path
+        """The org file holding THREAD's messages."""
+        return self._files.path(thread)
 
     def _name(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix()
+        return self._files.name(path)
 
     def _org_files(self) -> list[Path]:
         return org_files(self.root)
@@ -321,25 +314,9 @@ class Archive:
         with self._reading() as index:
             return index.neighbours_of(message_ids, after_of=after_of, before_with=before_with)
 
-    @contextmanager
-    def _reading(self) -> Iterator[MessageIndex]:
-        """The index searches read: the writing connection when nobody uses it (its
-        page cache holds what was just written, which every other connection reads
-        again after each write), else this thread's own connection, which waits
-        neither for the writer nor for other readers (WAL); for an in-memory index,
-        the one.  A search holding the writing connection is bounded in time (see
-        `ranking`), and the writer waits for it at most that long."""
-        if self._readers is None:
-            with self._lock:
-                yield self._index
-        elif self._lock.acquire(blocking=False):
-            try:
-                yield self._index
-            finally:
-                self._lock.release()
-        else:
-            with self._readers.reading() as index:
-                yield index
+    def _reading(self) -> AbstractContextManager[MessageIndex]:
+        """The index a search reads (see `readers.searching`)."""
+        return searching(self._index, self._lock, self._readers)
 
     def read_thread(self, thread: Thread) -> list[MessageRecord]:
         """Every complete message of THREAD, parsed from its org file with orgparse."""

@@ -39,6 +39,29 @@ def thread_path(root: Path, thread: Thread) -> Path:
     return root / channel / f"{safe_name(chat_id)}.org"
 
 
+class ThreadFiles:
+    """The thread files under ROOT, each path worked out once (a write asks twice)."""
+
+    def __init__(self, root: Path, limit: int = 4096):
+        self.root = root
+        self.limit = limit                      # paths remembered at most
+        self._paths: dict[Thread, Path] = {}
+
+    def path(self, thread: Thread) -> Path:
+        """`thread_path` of THREAD (ValueError for a bad thread, every time)."""
+        found = self._paths.get(thread) if type(thread) is Thread else None
+        if found is None:
+            found = thread_path(self.root, thread)
+            if len(self._paths) >= self.limit:
+                self._paths.clear()
+            self._paths[check_thread(thread)] = found
+        return found
+
+    def name(self, path: Path) -> str:
+        """PATH relative to the root, as the index records it."""
+        return path.relative_to(self.root).as_posix()
+
+
 def org_files(root: Path) -> list[Path]:
     """Every thread file under ROOT, sorted."""
     return sorted(p for p in root.glob("*/*.org") if p.is_file())

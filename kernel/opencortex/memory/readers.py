@@ -67,3 +67,25 @@ class Readers:
         for reader in readers:
             with reader.lock:
                 reader.index.close()
+
+
+@contextmanager
+def searching(writing: MessageIndex, lock: threading.RLock,
+              readers: Readers | None) -> Iterator[MessageIndex]:
+    """The index a search reads: WRITING's connection when nobody holds LOCK (its page
+    cache holds what was just written, which every other connection reads again after
+    each write), else this thread's own from READERS, which waits neither for the
+    writer nor for other readers (WAL); without READERS (an in-memory index), WRITING
+    under LOCK.  A search holding the writing connection is bounded in time (see
+    `ranking`), and the writer waits for it at most that long."""
+    if readers is None:
+        with lock:
+            yield writing
+    elif lock.acquire(blocking=False):
+        try:
+            yield writing
+        finally:
+            lock.release()
+    else:
+        with readers.reading() as index:
+            yield index
