@@ -55,8 +55,8 @@ if TYPE_CHECKING:     # the kernel's modules load after the port line (see `_ser
 log = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 16
-YOUNG_COLLECTION = 10_000     # allocations between two young collections (Python: 700)
 """Connections the EPC port queues while the kernel is built (and between accepts)."""
+YOUNG_COLLECTION = 10_000     # allocations between two young collections (Python: 700)
 
 
 def runtime_dir() -> Path:

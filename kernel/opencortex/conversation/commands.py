@@ -178,12 +178,12 @@ async def _forget(commands: Commands, conv: Conversation, args: list[str],
     if args not in ([], ["yes"]):
         raise CommandError("usage: /forget, then /forget yes to confirm")
     if not args:
-        count = await commands.off_loop(conversations.forget, conv.thread, apply=False)
+        count = await conversations.forget(conv.thread, apply=False)
         if not count:
             return "Nothing of this chat is in memory."
         return (f"This removes all {count} messages of this chat from memory (the archive "
                 "and its search index), for good. Send /forget yes to do it.")
-    count = await commands.off_loop(conversations.forget, conv.thread, apply=True)
+    count = await conversations.forget(conv.thread, apply=True)
     return f"Forgot {count} messages of this chat; it starts empty now."
 
 

@@ -244,16 +244,16 @@ class Conversations:
                      turn_type=record.turn_type, retention="PRESERVED")
 
 
-    def forget(self, thread: Thread, *, apply: bool) -> int:
+    async def forget(self, thread: Thread, *, apply: bool) -> int:
         """How many messages of THREAD forgetting removes; with APPLY they are removed
-        from the archive and its index, and the live conversation is let go (it is
-        rebuilt, empty, when next used)."""
+        from the archive and its index (by a reading thread), and the live conversation
+        is let go (it is rebuilt, empty, when next used)."""
         if thread.channel in self.unarchived:
             raise ValueError("this chat is kept in working memory only: nothing of it is "
                              "in the archive, and it goes when the kernel stops")
         if not apply:
-            return count_forgettable(self.archive, thread)
-        removed = forget(self.archive, thread)
+            return await self.read(count_forgettable, self.archive, thread)
+        removed = await self.read(forget, self.archive, thread)
         self._open.pop(thread, None)
         return removed
 

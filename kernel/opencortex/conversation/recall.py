@@ -273,7 +273,8 @@ class Recall:
         """The dense ranking of THREAD's scope for TEXT, or None (no model, or it failed)."""
         if self.dense is None:
             return None
-        found = self.dense.rank(self.scope(thread), text, exclude_ids=exclude_ids, window=hint.window)
+        found = self.dense.rank(self.scope(thread), text, exclude_ids=exclude_ids,
+                                window=hint.window)
         if found is None or not hint.recent:
             return found
         return _newer_first(found)

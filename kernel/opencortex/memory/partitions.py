@@ -13,8 +13,10 @@ Tables:
 - ``parts (name, tab)``: partition name -> the number N of its table ``fts_N``;
 - ``thread_parts (channel, chat_id, part)``: which partition each thread is in.
 
-The partition only shapes ranking.  Isolation never depends on it: searches
-still filter by the thread column, and recall checks every hit's owner.
+The partition shapes ranking, and lets recall search an owner's table whole
+(`RankedSearch.search` by owners) at a cost that does not grow with the owner's
+threads.  Isolation never rests on it alone: a search by threads filters by the
+thread column, and recall checks every hit's owner with its own configuration.
 Control records are never put in an FTS table.
 """
 

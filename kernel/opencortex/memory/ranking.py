@@ -55,6 +55,7 @@ class RankedSearch:
         A search by OWNERS costs the same however many threads they have; one by
         THREADS looks at each thread (and filters by thread unless they fill
         their tables).
+
         Each owner's table is ranked with its own statistics; results of several
         owners are merged by score.  Messages whose id is in EXCLUDE_IDS and
         control records are never returned.  Ranking costs time per matching
