@@ -10,7 +10,7 @@ holds it to `sexpdata.dumps`); anything else goes to sexpdata as before.
 Reading: the commonest messages are recognised directly: Emacs's `(return UID t)`
 (or nil) to a stream chunk or a status, and a call whose arguments are plain strings
 (no backslash), integers, nil (or ()) and t, as `(call UID send-message ("chat" "text"))`
-(sexpdata takes about 17 us for that one); everything else is read by sexpdata.
+(sexpdata takes about 17 µs for that one); everything else is read by sexpdata.
 A property test holds both to python-epc's `unpack_message`.
 """
 

@@ -336,10 +336,11 @@ def _nearest(sign: str, order: str) -> str:
             f"ORDER BY n.offset {order} LIMIT 1)")
 
 
-# Each indexed message of a JSON list of ids (?1) with the conversation message before it
-# in its thread's file (NULLs when there is none, or when ?2 is given and its text does
-# not hold ?2); and those that have one, with the message after.  (Simple joins: one
-# query with both neighbours and a CASE over the ids cost eight times as much.)
+# _BEFORE: each indexed message of a JSON list of ids (?1) with the conversation message
+# before it in its thread's file (NULLs when there is none, or when ?2 is given and its
+# text does not hold ?2).  _AFTER: each that has a message after it, with that message.
+# (Simple joins: one query with both neighbours and a CASE over the ids cost eight times
+# as much.)
 _BEFORE = (f"SELECT h.id, {columns_of('m')} FROM messages h LEFT JOIN messages m "
            f"ON m.seq = {_nearest('<', 'DESC')} AND (?2 IS NULL OR instr(m.text, ?2) > 0) "
            f"WHERE h.id IN (SELECT value FROM json_each(?1))")
