@@ -181,12 +181,15 @@ def test_odd_chat_ids_get_safe_reversible_files(archive):
 
 def test_a_channel_directory_removed_while_running_is_made_again(archive):
     """A write makes its channel's directory only when opening the file finds none (a
-    new channel, or one removed meanwhile), not on every write; a thread's file path is
+    new channel, or one removed meanwhile), not on every write; a file written from
+    empty keeps nothing the index held of a file removed before (it did, whenever the
+    new file's size happened to equal the old one's); a thread's file path is
     remembered, and a bad thread is refused every time it is asked for."""
     import shutil
     archive.append([say("first", Thread("signal", "+15550100"))])
     shutil.rmtree(archive.root / "signal")
     [again] = archive.append([say("second", Thread("signal", "+15550100"))])
+    assert archive.search("first") == []      # the removed file's messages left the index
     assert archive.thread_records(Thread("signal", "+15550100")) == [again]
     assert archive.thread_file(Thread("signal", "+15550100")) is \
         archive.thread_file(Thread("signal", "+15550100"))

@@ -224,12 +224,21 @@ class MessageIndex(RankedSearch):
 
     def add_writes(self, writes: Iterable[tuple[str, int, int, list]]) -> None:
         """Index WRITES (file, size before, size after, (offset, record) pairs) in ONE
-        transaction, moving each file's indexed size on (see `set_file_size`)."""
+        transaction, moving each file's indexed size on (see `set_file_size`).  A file
+        written from empty (size before 0) keeps nothing indexed before: what was is
+        of a file removed meanwhile."""
+        stale = False
+
         def work() -> None:
+            nonlocal stale
             for file, start, end, entries in writes:
+                if start == 0:
+                    stale = self._drop_file(file) or stale
                 self._insert((file, offset, record) for offset, record in entries)
                 self.set_file_size(file, end, previous=start)
         self._write(work)
+        if stale:
+            self._forgot()
 
     def _insert(self, entries: Iterable[tuple[str, int, MessageRecord]]) -> int:
         """Insert ENTRIES (inside a transaction); how many were new."""
@@ -252,11 +261,17 @@ class MessageIndex(RankedSearch):
 
     def forget_file(self, file: str) -> None:
         """Remove every message indexed from FILE, and its recorded size."""
-        def work() -> None:
-            self._parts.delete_file(file)
-            self._db.execute("DELETE FROM messages WHERE file = ?", (file,))
-            self._db.execute("DELETE FROM files WHERE path = ?", (file,))
-        self._write(work)
+        self._write(lambda: self._drop_file(file))
+        self._forgot()
+
+    def _drop_file(self, file: str) -> bool:
+        """`forget_file`'s deletions (inside a transaction); whether FILE was known."""
+        self._parts.delete_file(file)
+        self._db.execute("DELETE FROM messages WHERE file = ?", (file,))
+        return self._db.execute("DELETE FROM files WHERE path = ?", (file,)).rowcount > 0
+
+    def _forgot(self) -> None:
+        """Messages were removed: counts and sizes are counted again."""
         self._counts.clear()
         self._sizes.clear()
         self.generation += 1      # a reader's cache of common words may be wrong now
