@@ -7,10 +7,10 @@ an owner granted on top, and whether the short-answer tier was announced.
 
 The kernel reads and counts in memory (the rows are read once, when the store
 opens: one kernel per home; a row is a few dozen bytes), so a turn never
-waits for the disk on the event loop.  Each change is written by the store's own thread, in order, as an
-increment committed with `synchronous = FULL` (fsynced); `close` waits for
-them.  A crash can lose the changes of the last moments (a budget then allows
-that little more), never a count written before.
+waits for the disk on the event loop.  Each change is written by the store's
+own thread, in order, as an increment committed with `synchronous = FULL`
+(fsynced); `close` waits for them.  A crash can lose the changes of the last
+moments (a budget then allows that little more), never a count written before.
 """
 
 from __future__ import annotations

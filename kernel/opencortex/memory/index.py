@@ -225,8 +225,8 @@ class MessageIndex(RankedSearch):
     def add_writes(self, writes: Iterable[tuple[str, int, int, list]]) -> None:
         """Index WRITES (file, size before, size after, (offset, record) pairs) in ONE
         transaction, moving each file's indexed size on (see `set_file_size`).  A file
-        written from empty (size before 0) keeps nothing indexed before: what was is
-        of a file removed meanwhile."""
+        written from empty (size before 0) starts with nothing indexed: whatever the
+        index held under its name was of a file removed meanwhile."""
         stale = False
 
         def work() -> None:
