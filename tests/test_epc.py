@@ -200,6 +200,16 @@ def test_send_message_acknowledges_then_streams_and_ends_with_the_verified_reply
     assert "héllo 🌍 世界" in archive
 
 
+@pytest.mark.parametrize("choice, expected", [("auto", "uvloop"), ("asyncio", "asyncio")])
+def test_the_served_kernel_runs_on_the_chosen_event_loop_and_says_which(start, home, choice,
+                                                                         expected):
+    (home / "config.toml").write_text(f'event_loop = "{choice}"\n')
+    kernel, emacs = start()
+    emacs.call("send-message", "main", "/metrics")
+    shown = wait_finals(emacs, 1)
+    assert len(shown) == 1 and f"event loop: {expected}" in shown[0], shown
+
+
 def test_calls_are_handled_in_arrival_order(start, home):
     kernel, emacs = start()
     for i in range(20):

@@ -267,13 +267,14 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from opencortex.eventloop import EventLoopUnavailable, run
     from opencortex.serve import serve
     config = _config_for(args)
     require_writable_home(config, "serving")
     try:
-        return asyncio.run(serve(config, port=args.port, connection_file=args.connection_file,
-                                 ws_port=args.ws_port))
-    except HomeInUse as error:
+        return run(serve(config, port=args.port, connection_file=args.connection_file,
+                         ws_port=args.ws_port), config.event_loop)
+    except (HomeInUse, EventLoopUnavailable) as error:
         return _fail(str(error))
 
 

@@ -108,6 +108,7 @@ class Config(BaseModel):
     judge_timeout: float = Field(default=10.0, gt=0)  # reading + judging one reply, seconds
     prepare_timeout: float = Field(default=10.0, gt=0)  # recall + a skill's prompt, seconds
     stop_grace: float = Field(default=10.0, ge=0)  # seconds turns may take to finish on stop
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"  # serve's; see eventloop.py
     chat: ChatSettings = Field(default_factory=ChatSettings)
     shell: ShellSettings = Field(default_factory=ShellSettings)
     emacs: EmacsSettings = Field(default_factory=EmacsSettings)

@@ -172,6 +172,21 @@ def _skills(config: Config) -> Check:
     return Check("skills", True, names)
 
 
+def _event_loop(config: Config) -> Check:
+    """The loop `serve` will run on (see opencortex.eventloop)."""
+    from opencortex.eventloop import EventLoopUnavailable, loop_factory
+    if config.event_loop == "asyncio":
+        return Check("event loop", True, 'asyncio\'s own (event_loop = "asyncio")')
+    try:
+        factory = loop_factory(config.event_loop)
+    except EventLoopUnavailable as error:
+        return Check("event loop", False, str(error), "pip install uvloop")
+    if factory is None:
+        return Check("event loop", False, "asyncio's own: uvloop is not installed (about 10% "
+                     "more CPU a turn under load)", REINSTALL, optional=True)
+    return Check("event loop", True, f"uvloop {importlib.metadata.version('uvloop')}")
+
+
 def _recall(config: Config) -> Check:
     """How recall ranks: lexical, or lexical + dense when a model is configured and loads."""
     lexical = "per-owner FTS5 with porter stemming and dates"
@@ -207,6 +222,7 @@ def run_checks(config: Config) -> list[Check]:
     checks.append(Check("config file", True, str(config.config_file or "none (defaults)")))
     checks.extend(_mcp_server(name, server.command[0])
                   for name, server in config.mcp.servers.items())
+    checks.append(_event_loop(config))
     checks.append(_recall(config))
     checks.extend(_bundled())
     persona = config.persona_file

@@ -21,7 +21,8 @@ kernel makes one.  Either way it writes `{"port", "secret", "pid", "home"}` (and
 and write (refused otherwise), removed again on exit: that is how Emacs and
 `opencortex client` find a kernel already running for their home.
 
-SIGTERM, SIGINT and SIGHUP stop it gracefully: the bridges stop fetching, turns
+It runs on uvloop where that is installed (`eventloop`; `event_loop` in the
+configuration).  SIGTERM, SIGINT and SIGHUP stop it gracefully: the bridges stop fetching, turns
 in flight get `stop_grace` seconds to finish, what the bridges have not handled
 stays in their inboxes, then everything closes.
 """
@@ -39,11 +40,13 @@ import signal
 import socket
 import stat
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from opencortex.config import Config
 from opencortex.environ_scrub import scrub_process_environment
+from opencortex.eventloop import loop_name
 from opencortex.homelock import HomeLock
 
 if TYPE_CHECKING:     # the kernel's modules load after the port line (see `_serve_locked`)
@@ -196,6 +199,7 @@ async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.Abstrac
     """Build the kernel and its frontends on LISTENING, serve until STOP, then close."""
     from opencortex.runtime import build_kernel
     kernel = build_kernel(config, stream=sys.stderr, backend=backend)
+    kernel.reporters["event loop"] = partial(loop_name, loop)
     settle_collector()
     service, server = emacs_frontend(config, kernel, loop, secret, listening)
     wire = await _start_wire(kernel, ws_port, ws_token) if ws_port is not None else None
