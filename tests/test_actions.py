@@ -1,9 +1,12 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from opencortex.actions import (ActionRejected, ChatIdMessage, CliPrint, EmacsInsert, Log,
-                                MatrixMessage, Response, ShellCommand, ToolCall, reply_action,
-                                validate_action)
+                                MatrixMessage, Response, ShellCommand, ToolCall, _reply_head,
+                                printed_reply, reply_action, validate_action)
+from opencortex.plist_syntax import SURROGATES
 from opencortex.reader import Keyword, read_plist
 from opencortex.tools import Tool, ToolRegistry, default_tools
 
@@ -195,3 +198,24 @@ def test_lone_surrogates_in_text_are_rejected():
     with pytest.raises(ActionRejected) as caught:
         validate_action(form)
     assert "undecodable byte" in str(caught.value)
+
+
+names = st.text(min_size=1, max_size=40).filter(lambda s: not SURROGATES.search(s))
+
+
+@settings(max_examples=300, deadline=None)
+@given(channel=st.sampled_from(["emacs", "telegram", "signal", "matrix", "cli", "wire"]),
+       chat_id=names, buffer=names,
+       text=st.text(max_size=200) | st.just("a lone \ud800 surrogate"))
+def test_a_printed_reply_is_exactly_the_reply_actions_print(channel, chat_id, buffer, text):
+    """The echo backend's fast path: the head printed once per address, then the text."""
+    try:
+        expected = reply_action(channel, chat_id, text, buffer).printed()
+    except ValueError as error:                   # a lone surrogate: refused both ways
+        with pytest.raises(ValueError):
+            printed_reply(channel, chat_id, text, buffer)
+        assert "surrogate" in str(error)
+        return
+    assert printed_reply(channel, chat_id, text, buffer) == expected
+    assert _reply_head(channel, chat_id, buffer) is not None      # the fast path was taken
+    assert read_plist(expected)["text"] == text

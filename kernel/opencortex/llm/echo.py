@@ -6,7 +6,7 @@ import time
 from operator import attrgetter
 from typing import AsyncIterator
 
-from opencortex.actions import reply_action
+from opencortex.actions import printed_reply
 from opencortex.llm.base import Backend, PromptRequest, Usage, estimate_tokens, tokens_in_chars
 
 ECHO_WARNING = "LLM unavailable, running in echo mode: replies repeat your message."
@@ -29,9 +29,9 @@ def echo_text(request: PromptRequest, notice: str | None = None) -> str:
     prefix = f"[Echo] ({notice}) " if notice else "[Echo] "
     address = request.reply_to
     if address is None:
-        return reply_action("cli", "local", f"{prefix}{said}").printed()
+        return printed_reply("cli", "local", f"{prefix}{said}")
     text = f"* {prefix}{said}" if address.channel == "emacs" else f"{prefix}{said}"
-    return reply_action(address.channel, address.chat_id, text, address.buffer).printed()
+    return printed_reply(address.channel, address.chat_id, text, address.buffer)
 
 
 def split_chunks(text: str, size: int) -> list[str]:

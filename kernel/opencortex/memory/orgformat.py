@@ -150,7 +150,13 @@ def decode_body(lines: Iterable[str], percent: bool) -> str:
 
 
 def _property_line(key: str, value: str) -> str:
-    return f"{':' + key + ':':<10} {value}".rstrip(" ")
+    label = _LABELS.get(key) or f"{':' + key + ':':<10} "
+    return (label + value).rstrip(" ")
+
+
+_LABELS = {key: f"{':' + key + ':':<10} " for key in (
+    "ID", "ROLE", "CHANNEL", "CHAT_ID", "SENDER", "TIMESTAMP", "EPOCH", "PARENT", "TURN_TYPE",
+    "BODY_LINES", "BODY_ENCODING", "PART")}        # every entry's: padded once
 
 
 def render_header(thread: Thread) -> str:
@@ -172,7 +178,8 @@ def render_entry(record: MessageRecord, part: Part | None = None) -> str:
              ("CHAT_ID", encode_value(record.chat_id))]
     if record.sender is not None:
         props.append(("SENDER", encode_value(record.sender)))
-    props += [("TIMESTAMP", f"[{when:%Y-%m-%d %a %H:%M:%S}]"),
+    stamp = f"{when:%Y-%m-%d %a %H:%M:%S}"
+    props += [("TIMESTAMP", f"[{stamp}]"),
               ("EPOCH", repr(float(record.timestamp))),
               ("PARENT", record.parent or ""),
               ("TURN_TYPE", record.turn_type),
@@ -182,7 +189,7 @@ def render_entry(record: MessageRecord, part: Part | None = None) -> str:
     if part is not None:
         props.append(("PART", str(part)))
     props += [(key, encode_value(value)) for key, value in sorted(record.extra.items())]
-    out = [f"* {record.role} [{when:%Y-%m-%d %a %H:%M}]", ":PROPERTIES:"]
+    out = [f"* {record.role} [{stamp[:-3]}]", ":PROPERTIES:"]      # to the minute
     out += [_property_line(key, value) for key, value in props]
     out.append(":END:")
     out += lines

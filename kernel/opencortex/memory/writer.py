@@ -155,7 +155,7 @@ def write_files(files: list[_Pending], tails: Tails) -> list[Written]:
 
 def _write_group(files: list[_Pending], tails: Tails) -> list[Written]:
     """Lock, settle and write FILES, then fsync them, holding every lock to the end."""
-    done: list[tuple[_Pending, int, int]] = []       # (file, fd, size before)
+    done: list[tuple[_Pending, int, int, int]] = []    # (file, fd, size before, after)
     synced: list[Written] = []
     with ExitStack() as stack:
         for pending in files:
@@ -164,10 +164,10 @@ def _write_group(files: list[_Pending], tails: Tails) -> list[Written]:
             except OSError as error:     # ArchiveError too: a file that keeps being replaced
                 _fail(pending, error)
                 continue
-            size = _write_one(fd, pending, tails)
-            if size is not None:
-                done.append((pending, fd, size))
-        for pending, fd, size in done:
+            sizes = _write_one(fd, pending, tails)
+            if sizes is not None:
+                done.append((pending, fd, *sizes))
+        for pending, fd, size, end in done:
             try:
                 os.fsync(fd)
             except OSError as error:
@@ -175,14 +175,13 @@ def _write_group(files: list[_Pending], tails: Tails) -> list[Written]:
                 tails.forget(pending.path)
                 _fail(pending, error)
             else:
-                synced.append(Written(pending.name, size, os.fstat(fd).st_size,
-                                      pending.entries))
-    new = {pending.path.parent for pending, _, size in done if size == 0}
+                synced.append(Written(pending.name, size, end, pending.entries))
+    new = {pending.path.parent for pending, _, size, _ in done if size == 0}
     for directory in sorted(new):
         try:
             sync_directory(directory)
         except OSError as error:
-            for pending, _, _ in done:
+            for pending, *_ in done:
                 if pending.path.parent == directory:
                     _fail(pending, error)
     return synced
@@ -198,9 +197,10 @@ def _opened(path: Path, stack: ExitStack) -> int:
         return stack.enter_context(locked(path, exclusive=True, create=True))
 
 
-def _write_one(fd: int, pending: _Pending, tails: Tails) -> int | None:
+def _write_one(fd: int, pending: _Pending, tails: Tails) -> tuple[int, int] | None:
     """Settle the tail of PENDING's locked file FD and write its appends in one write;
-    the size before (None when it failed, and its appends failed)."""
+    the sizes before and after (None when it failed, and its appends failed).  The
+    file is locked and opened to append, so nothing else changed its size."""
     try:
         size, last, _ = tails.settle(fd, pending.path, pending.name)
         blob = _render(pending, last, size)
@@ -215,8 +215,9 @@ def _write_one(fd: int, pending: _Pending, tails: Tails) -> int | None:
         _fail(pending, error)
         return None
     offset, record = pending.entries[-1]        # the last entry (what ends before it: "\n")
-    tails.wrote(pending.path, size + len(blob), b"\n" + blob[offset - size:], record.id)
-    return size
+    end = size + len(blob)
+    tails.wrote(pending.path, end, b"\n" + blob[offset - size:], record.id)
+    return size, end
 
 
 def _render(pending: _Pending, last: str | None, size: int) -> bytes:
