@@ -327,7 +327,8 @@ class KernelConnection(asyncio.Protocol):
         self.waiting[uid] = future
         try:
             self.send("call", uid, Symbol(method), args)
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):        # no task of its own (wait_for)
+                return await future
         finally:
             self.waiting.pop(uid, None)
 

@@ -101,8 +101,8 @@ class Replies:
         try:
             with self.telemetry.span("verify") as span:
                 async with asyncio.timeout(limit):
-                    verdict = await asyncio.get_running_loop().run_in_executor(
-                        self._judges, call)
+                    verdict = await asyncio.wrap_future(      # run_in_executor, unchecked
+                        self._judges.submit(call), loop=asyncio.get_running_loop())
                 span.set(status=verdict.status)
         except TimeoutError:
             log.warning("judging a reply of %d characters took over %g s", len(reply), limit)

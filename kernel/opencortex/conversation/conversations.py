@@ -148,8 +148,8 @@ class Conversations:
         """FUNCTION(*ARGS, **KWARGS) run by a reading thread, so the loop does not wait."""
         if self._readers is None:
             self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="opencortex-reader")
-        return await asyncio.get_running_loop().run_in_executor(
-            self._readers, partial(function, *args, **kwargs))
+        return await asyncio.wrap_future(        # run_in_executor, without its checks
+            self._readers.submit(function, *args, **kwargs), loop=asyncio.get_running_loop())
 
     def close(self) -> None:
         """Let the reading threads go (made again if the conversations are used after)."""
