@@ -169,19 +169,19 @@ def test_recall_work_does_not_grow_with_the_owners_number_of_threads(tmp_path, m
 
     def recall_work(threads: int) -> tuple[int, list[str]]:
         with Archive(tmp_path / f"memory-{threads}") as archive:
-            archive.append([say(f"pelican note {i} with words",
+            archive.append([say(f"pelican note {i} with words" + " heron" * (i % 10 == 0),
                                 Thread("emacs", f"chat{i % threads}")) for i in range(300)] +
-                           [say("pelican secret of someone else", ALICE)])
+                           [say("pelican heron secret of someone else", ALICE)])
             recall = Recall(archive, {})
             statements: list[str] = []
             with archive._readers.reading() as reader:
                 for index in (reader, archive._index):
                     index._db.set_trace_callback(lambda sql: sql.startswith("--") or
                                                  statements.append(sql))  # ours, not FTS5's
-            recall.recall(EMACS, "pelican words")           # warm: counts and tables
+            recall.recall(EMACS, "pelican heron")           # warm: counts and tables
             statements.clear()
             looked.clear()
-            found = recall.recall(EMACS, "pelican words")
+            found = recall.recall(EMACS, "pelican heron")
             assert len(found) == 5
             assert not any("someone else" in e.text for e in found)
             return len(statements), list(looked)

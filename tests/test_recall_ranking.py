@@ -225,6 +225,27 @@ def test_a_word_in_half_the_owners_messages_is_not_matched_while_a_rarer_one_is(
     assert ranked[0].id == answer.id and len(ranked) == 31
 
 
+def test_recall_brings_nothing_for_a_message_of_only_very_common_words(archive, monkeypatch):
+    """What weightless words match says nothing of the message: recall adds nothing to the
+    prompt then (it used to add the newest matches, ranked by nothing, every turn), while
+    a search asked for by a person still shows the newest, and a question naming a period
+    still gets that period's newest."""
+    monkeypatch.setattr(ranking, "WEIGHTLESS_FLOOR", 10)
+    now = time.time()
+    archive.append([say(f"meeting notes {i}", CLI, timestamp=now - (30 - i) * DAY)
+                    for i in range(30)])             # the newest, 29, said yesterday
+    recall = Recall(archive, {})
+    assert recall.recall(EMACS, "meeting notes?", k=5) == []
+    assert recall.hits(EMACS, "the meeting", k=5)[0] == []
+    assert [h.text for h in archive.search("meeting", thread=CLI, limit=2)] == [
+        "meeting notes 29", "meeting notes 28"]
+    [best] = recall.recall(EMACS, "the meeting notes of yesterday?", k=3)
+    assert best.text.endswith("meeting notes 29")
+    archive.append([say("the meeting about the okapi enclosure", CLI)])
+    [best, *_] = recall.recall(EMACS, "meeting about the okapi", k=3)
+    assert best.text.endswith("the meeting about the okapi enclosure")
+
+
 def test_recall_leaves_snippets_to_explain(archive):
     archive.append([say("the walrus sings at dawn", CLI), say("small talk", CLI)])
     assert [h.snippet for h in archive.search("walrus", thread=CLI, snippets=False)] == [""]

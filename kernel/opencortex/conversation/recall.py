@@ -233,12 +233,12 @@ class Recall:
         if hint.window is None and not hint.recent and self.dense is None:
             # Then the K best are the first K of the candidates, and only those are read,
             # unless merged copies or hits outside the scope leave fewer than K of them.
-            first = search(limit=k, candidates=CANDIDATES * k)
+            first = search(limit=k, candidates=CANDIDATES * k, informative_only=True)
             kept = self._kept(thread, allowed, first, hint, query, exclude_ids)
             if len(kept) >= k or len(first) < k:
                 return kept[:k], hint
         found = [] if hint.window is None else search(limit=2 * k, window=hint.window)
-        general = search(limit=CANDIDATES * k)
+        general = search(limit=CANDIDATES * k, informative_only=True)
         found += _newer_first(general) if hint.recent else general
         return self._kept(thread, allowed, found, hint, query, exclude_ids)[:k], hint
 

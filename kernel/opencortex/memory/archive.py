@@ -273,7 +273,8 @@ class Archive:
                exclude_ids: Collection[str] = (),
                window: tuple[float, float] | None = None,
                snippets: bool = True, candidates: int | None = None,
-               owners: Collection[str] | None = None) -> list[SearchHit]:
+               owners: Collection[str] | None = None,
+               informative_only: bool = False) -> list[SearchHit]:
         """Messages matching the words of QUERY, best first (BM25).
 
         Any word matches (OR); at most 1000 hits.  Scores are -bm25: higher is
@@ -286,6 +287,8 @@ class Archive:
         (start, end epoch seconds): only messages said in that span.  Without
         SNIPPETS, each hit's snippet is "" (a snippet costs a search of its own).
         CANDIDATES: the first LIMIT hits of a search for that many (fewer read).
+        INFORMATIVE_ONLY: nothing when every word is very common (instead of the newest
+        matches of those words).
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be text, not {type(query).__name__}")
@@ -299,7 +302,8 @@ class Archive:
         candidates = min(max(limit, _check_limit(candidates or limit)), MAX_HITS)
         with self._reading() as index:
             return index.search(query, scope, limit, exclude_ids, window, snippets=snippets,
-                                candidates=candidates, owners=owners)
+                                candidates=candidates, owners=owners,
+                                informative_only=informative_only)
 
     def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
         """The messages just before and after MESSAGE_ID in its thread (None: none)."""

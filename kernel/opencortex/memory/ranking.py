@@ -46,7 +46,8 @@ class RankedSearch:
                exclude_ids: Collection[str] = (),
                window: tuple[float, float] | None = None, *,
                snippets: bool = True, candidates: int | None = None,
-               owners: Collection[str] | None = None) -> list[SearchHit]:
+               owners: Collection[str] | None = None,
+               informative_only: bool = False) -> list[SearchHit]:
         """Best BM25 matches for the words of QUERY (any word), optionally only in THREADS
         or only in the tables of OWNERS (partitions: see `partitions`), and only said
         within WINDOW (start, end epoch seconds, end excluded); with CANDIDATES
@@ -65,7 +66,8 @@ class RankedSearch:
         in more than COMMON_DOCS messages, or in more than half of the owner's
         where BM25 weighs it ~0).  When every word is very common, or a ranked
         search runs longer than SEARCH_TIME_LIMIT, the newest matches are
-        returned instead (no full ranking).
+        returned instead (no full ranking); with INFORMATIVE_ONLY, when every word
+        is very common, nothing (what those words match says nothing of the query).
         """
         phrases = query_phrases(query)
         if not phrases or limit <= 0 or (threads is not None and not threads):
@@ -84,7 +86,8 @@ class RankedSearch:
         targets = self._targets(scope) if owners is None else \
             [(table, None) for table in self._parts.tables_of(owners)]
         for table, tokens in targets:
-            found += self._search_table(table, tokens, phrases, wanted, window, returnable)
+            found += self._search_table(table, tokens, phrases, wanted, window, returnable,
+                                        informative_only)
         found.sort(key=lambda item: item[0])
         kept = found[:limit]
         marked = self._snippets(kept) if snippets else {}
@@ -112,11 +115,14 @@ class RankedSearch:
 
     def _search_table(self, table: str, tokens: list[str] | None, phrases: list[str],
                       wanted: tuple[int, int], window: tuple[float, float] | None,
-                      returnable: Callable[[tuple], bool]
+                      returnable: Callable[[tuple], bool], informative_only: bool = False
                       ) -> list[tuple[tuple, tuple, str, str]]:
         """Ranked (or, failing that, newest) matches in one owner's TABLE: the first
-        WANTED[0] RETURNABLE ones among the first WANTED[1] matches."""
+        WANTED[0] RETURNABLE ones among the first WANTED[1] matches; none with
+        INFORMATIVE_ONLY when every phrase is very common there."""
         rare = self._rarest(table, phrases)
+        if not rare and informative_only:
+            return []
         words = f"text:({' OR '.join(rare or phrases)})"
         match = words if tokens is None else f"thread:({' OR '.join(tokens)}) AND {words}"
         ranked = None
