@@ -16,16 +16,20 @@ Figures, each beside its target:
 3. send -> first streamed chunk at the EPC client, one client: p50/p99.  The
    target is "visible in Emacs"; the EPC client is the closest proxy (Emacs adds
    its own redisplay, see bench_emacs.py).
-4. 100 chats x 10 messages through the Telegram bridge and the loopback fake Bot
+4. part 1 again in new chats, each message also naming one of 40 animals (each
+   in 1/40 of the messages): "recalling", where recall ranks that word's
+   matches and brings some back into every prompt.
+5. 100 chats x 10 messages through the Telegram bridge and the loopback fake Bot
    API (bench_bridge.py's run, with duplicates counted).
-5. a whole echo turn in-process, `kernel.handle` (bench_core.py's bench_kernel).
-6. exec of `opencortex serve` -> port line, warm skill cache (bench_startup.py).
+6. a whole echo turn in-process, `kernel.handle` (bench_core.py's bench_kernel).
+7. exec of `opencortex serve` -> port line, warm skill cache (bench_startup.py).
 
-Parts 1-3 run in that order on one kernel per tree and round, so parts 2 and 3
-find the archive part 1 left (~2,000 messages).  Every message reads "message
-kNxM": recall ranks every archived match of "message" until more than 2,000
-messages hold it (then the word counts as very common and is skipped), so part 1
-pays the most for recall and the later parts little.
+Parts 1-4 run in that order on one kernel per tree and round, so the later parts
+find the archive the earlier ones left (~2,000 messages after part 1).  Part 1's
+messages read "message kNxM": "message" is in every message and the token is
+new, so recall finds no word worth ranking and brings nothing back (before
+c65b9c4 it brought the newest matches of "message" into every prompt); part 4
+is the same load with recall at work.
 
 With `--tree`, the served kernel (and, in a child process, the in-process parts)
 run from that source tree's `kernel/`; given twice, the two are measured part by
@@ -102,10 +106,12 @@ async def warm_up(port: int, secret: str) -> None:
     await closing([client])
 
 
-async def closed_loop(port: int, secret: str, clients_n: int, messages: int) -> dict:
-    """Part 1: each client sends its next message when its last reply came."""
+async def closed_loop(port: int, secret: str, clients_n: int, messages: int,
+                      topics: bool = False) -> dict:
+    """Part 1 (and with TOPICS, part 4): each client sends its next message when its
+    last reply came."""
     counts = Counts()
-    clients = await connect_all(port, secret, clients_n, counts)
+    clients = await connect_all(port, secret, clients_n, counts, topics)
 
     async def person(client: LoadClient) -> None:
         for _ in range(messages):
@@ -116,6 +122,11 @@ async def closed_loop(port: int, secret: str, clients_n: int, messages: int) -> 
     await closing(clients)
     turns = [t for c in clients for t in c.turns]
     got = latencies(turns)
+    if topics:
+        return {"recalling msgs/s": len(got["reply"]) / elapsed,
+                "recalling send->reply p50 ms": ms(got["reply"], .5),
+                "recalling send->reply p99 ms": ms(got["reply"], .99),
+                **problems("recalling", clients, counts)}
     return {"EPC sustained msgs/s": len(got["reply"]) / elapsed,
             "EPC ack p50 ms": ms(got["ack"], .5), "EPC ack p99 ms": ms(got["ack"], .99),
             "EPC send->reply p50 ms": ms(got["reply"], .5),
@@ -251,21 +262,24 @@ QUICK = dict(clients=3, messages=5, rate=200.0, offered=20, chunks=10, chats=5,
 
 
 async def served_parts(kernels: list[ServedKernel], size: dict) -> list[dict]:
-    """Parts 1-3 on each kernel, part by part, kernel after kernel."""
+    """Parts 1-4 on each kernel, part by part, kernel after kernel."""
     results: list[dict] = [{} for _ in kernels]
     secrets = [k.secret() for k in kernels]
     for kernel, secret in zip(kernels, secrets):
         await asyncio.wait_for(warm_up(kernel.port, secret), PART_TIMEOUT)
     parts = (lambda p, s: closed_loop(p, s, size["clients"], size["messages"]),
              lambda p, s: open_loop(p, s, size["clients"], size["rate"], size["offered"]),
-             lambda p, s: first_chunk(p, s, size["chunks"]))
+             lambda p, s: first_chunk(p, s, size["chunks"]),
+             lambda p, s: closed_loop(p, s, size["clients"], size["messages"], topics=True))
+    turns = size["clients"] * size["messages"]
     for number, part in enumerate(parts):
         for result, kernel, secret in zip(results, kernels, secrets):
             used = kernel.cpu_seconds()
             result.update(await asyncio.wait_for(part(kernel.port, secret), PART_TIMEOUT))
-            if number == 0:
-                turns = size["clients"] * size["messages"]
-                result["EPC kernel CPU ms/turn"] = 1000 * (kernel.cpu_seconds() - used) / turns
+            if number in (0, 3):
+                name = "EPC" if number == 0 else "recalling"
+                result[f"{name} kernel CPU ms/turn"] = \
+                    1000 * (kernel.cpu_seconds() - used) / turns
     return results
 
 

@@ -35,6 +35,11 @@ from sexpdata import Symbol
 from bench_startup import connection_secret, environment
 
 TOKEN = re.compile(r"\bk(\d+)x(\d+)\b")
+TOPICS = ("heron", "walrus", "okapi", "pelican", "lynx", "marmot", "ibis", "tapir", "gecko",
+          "bison", "osprey", "narwhal", "quokka", "jackal", "puffin", "wombat", "caracal",
+          "dingo", "egret", "ferret", "gibbon", "hyena", "iguana", "jaguar", "kestrel",
+          "lemur", "magpie", "newt", "ocelot", "panda", "quail", "raven", "serval", "toucan",
+          "urchin", "vole", "wren", "yak", "zebu", "badger")   # each in 1/40 of the messages
 HOME_CONFIG = "[emacs]\nmax_connections = 64\ncall_timeout = 30\n"
 
 
@@ -110,9 +115,12 @@ class Turn:
 class LoadClient:
     """An Emacs stand-in on one EPC connection; see the module doc."""
 
-    def __init__(self, number: int, counts: "Counts"):
+    def __init__(self, number: int, counts: "Counts", topics: bool = False):
+        """TOPICS: each message also names an animal (1/40 of the messages name each), so
+        recall ranks that word's matches and brings some back every turn."""
         self.number = number
-        self.chat = f"load-{number}"
+        self.topics = topics
+        self.chat = f"{'topics' if topics else 'load'}-{number}"
         self.counts = counts
         self.uids = itertools.count(1)
         self.waiting: dict[int, asyncio.Future] = {}
@@ -140,7 +148,10 @@ class LoadClient:
 
     def send(self) -> Turn:
         """Send this client's next message; its Turn (acknowledged and replied later)."""
-        turn = Turn(f"message k{self.number}x{len(self.turns)}", time.perf_counter())
+        index = len(self.turns)
+        about = f" about the {TOPICS[(7 * self.number + index) % len(TOPICS)]}" \
+            if self.topics else ""
+        turn = Turn(f"message k{self.number}x{index}{about}", time.perf_counter())
         self.turns.append(turn)
         ack = self.call("send-message", self.chat, turn.text)
         ack.add_done_callback(lambda done: self._acked(turn, done))
@@ -237,10 +248,12 @@ class Counts:
     duplicated: int = 0      # a second reply to one message
 
 
-async def connect_all(port: int, secret: str, count: int, counts: Counts) -> list[LoadClient]:
-    """COUNT authenticated clients; the first alone, so a kernel still being built
-    (the port line now comes first) is waited for before the rest queue up."""
-    clients = [LoadClient(n, counts) for n in range(count)]
+async def connect_all(port: int, secret: str, count: int, counts: Counts,
+                      topics: bool = False) -> list[LoadClient]:
+    """COUNT authenticated clients (see LoadClient for TOPICS); the first alone, so a
+    kernel still being built (the port line now comes first) is waited for before the
+    rest queue up."""
+    clients = [LoadClient(n, counts, topics) for n in range(count)]
     await clients[0].connect(port, secret)
     await asyncio.gather(*(c.connect(port, secret) for c in clients[1:]))
     return clients
