@@ -246,6 +246,19 @@ def test_recall_brings_nothing_for_a_message_of_only_very_common_words(archive, 
     assert best.text.endswith("the meeting about the okapi enclosure")
 
 
+def test_a_word_is_not_taken_for_very_common_on_a_stale_message_count(archive, monkeypatch):
+    """The owner's message count is remembered for a while (SIZE_TTL); a burst of
+    messages since must not make a word look as if it were in half of them (then recall
+    brought nothing: bench_core's turns came faster than the count was renewed)."""
+    monkeypatch.setattr(ranking, "SIZE_TTL", 3600.0)
+    archive.append([say(f"kiwi note {i}", CLI) for i in range(64)])
+    recall = Recall(archive, {})
+    assert recall.recall(EMACS, "kiwi?", k=5) == []        # in every message: weightless
+    archive.append([say(f"other chatter {i}", CLI) for i in range(600)])
+    found = recall.recall(EMACS, "kiwi?", k=5)             # now in 64 of 664
+    assert len(found) == 5 and all("kiwi note" in entry.text for entry in found)
+
+
 def test_recall_leaves_snippets_to_explain(archive):
     archive.append([say("the walrus sings at dawn", CLI), say("small talk", CLI)])
     assert [h.snippet for h in archive.search("walrus", thread=CLI, snippets=False)] == [""]

@@ -155,6 +155,9 @@ class RankedSearch:
         counted = sorted((found, n, phrase) for n, phrase in enumerate(phrases)
                          if (found := self._frequency(table, phrase)))
         size = self._size(table, at_least=max((found for found, _, _ in counted), default=0))
+        if any(max(WEIGHTLESS_FLOOR, size // 2) < found <= COMMON_DOCS
+               for found, _, _ in counted):   # the half rule drops a word: on a current count
+            size = self._size(table, fresh=True)
         common = min(COMMON_DOCS, max(WEIGHTLESS_FLOOR, size // 2))
         kept, total = [], 0
         for found, _, phrase in counted:
@@ -164,12 +167,13 @@ class RankedSearch:
             total += found
         return kept
 
-    def _size(self, table: str, at_least: int = 0) -> int:
-        """How many messages TABLE holds, counted again after SIZE_TTL seconds, or when
-        fewer than AT_LEAST (a word found in more messages: the count is stale)."""
+    def _size(self, table: str, at_least: int = 0, fresh: bool = False) -> int:
+        """How many messages TABLE holds, counted again after SIZE_TTL seconds, when
+        fewer than AT_LEAST (a word found in more messages: the count is stale), or
+        when FRESH (a cheap count: FTS5 keeps a row per message in its docsize table)."""
         now = time.monotonic()
         known = self._sizes.get(table)
-        if known is None or now - known[1] > SIZE_TTL or known[0] < at_least:
+        if fresh or known is None or now - known[1] > SIZE_TTL or known[0] < at_least:
             size = self._db.execute(f"SELECT count(*) FROM {table}_docsize").fetchone()[0]
             known = self._sizes[table] = (size, now)
         return known[0]
