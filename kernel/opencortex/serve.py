@@ -22,9 +22,9 @@ and write (refused otherwise), removed again on exit: that is how Emacs and
 `opencortex client` find a kernel already running for their home.
 
 It runs on uvloop where that is installed (`eventloop`; `event_loop` in the
-configuration).  SIGTERM, SIGINT and SIGHUP stop it gracefully: the bridges stop fetching, turns
-in flight get `stop_grace` seconds to finish, what the bridges have not handled
-stays in their inboxes, then everything closes.
+configuration).  SIGTERM, SIGINT and SIGHUP stop it gracefully: the bridges stop
+fetching, turns in flight get `stop_grace` seconds to finish, what the bridges
+have not handled stays in their inboxes, then everything closes.
 """
 
 from __future__ import annotations
