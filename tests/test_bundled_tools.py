@@ -219,6 +219,17 @@ def test_memory_search_finds_the_owners_messages_on_every_channel(skills, archiv
         'Nothing found for "zebra".'
 
 
+def test_memory_search_of_only_very_common_words_finds_the_newest(skills, archive):
+    """Recall brings nothing for such words (test_recall_ranking); a search the model asks
+    for still finds their newest matches."""
+    archive.append([say(CLI, f"standup notes {i}", at("2026-03-14", f"10:{i:02d}"))
+                    for i in range(60)])
+    view = memory(skills, archive, EMACS).memory
+    assert [hit["text"] for hit in view.search("standup notes", 2)] == [
+        "standup notes 59", "standup notes 58"]
+    assert view.recall.recall(EMACS, "standup notes") == []
+
+
 def test_memory_never_shows_another_owners_canary(skills, archive):
     day = "2026-03-14"
     archive.append([say(BOB, "canary7731 is bob's secret word", at(day, "10:00"))])

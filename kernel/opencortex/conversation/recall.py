@@ -207,15 +207,19 @@ class Recall:
         return entries
 
     def hits(self, thread: Thread, query: str, *, k: int = 5,
-             exclude_ids: Collection[str] = ()) -> tuple[list[SearchHit], DateHint]:
-        """The K best hits for QUERY in THREAD's scope, and what the question said about time."""
-        ranked, hint = self.ranked(thread, query, k=k, exclude_ids=exclude_ids)
+             exclude_ids: Collection[str] = (), informative_only: bool = True
+             ) -> tuple[list[SearchHit], DateHint]:
+        """The K best hits for QUERY in THREAD's scope, and what the question said about
+        time.  INFORMATIVE_ONLY (recall's own): none when every word is very common in
+        the owner's messages; else the newest matches then (a search asked for)."""
+        ranked, hint = self.ranked(thread, query, k=k, exclude_ids=exclude_ids,
+                                   informative_only=informative_only)
         return [r.hit if r.fused is None else r.hit.model_copy(update={"score": r.fused})
                 for r in ranked], hint
 
     def ranked(self, thread: Thread, query: str, *, k: int = 5,
-               exclude_ids: Collection[str] = (), snippets: bool = False
-               ) -> tuple[list[Ranked], DateHint]:
+               exclude_ids: Collection[str] = (), snippets: bool = False,
+               informative_only: bool = True) -> tuple[list[Ranked], DateHint]:
         """The K best hits with the ranks that put them there (lexical, dense, fused);
         with SNIPPETS, each lexical hit's matched words marked (for `explain`)."""
         hint = date_hint(query, time.time())
@@ -230,15 +234,16 @@ class Recall:
             where = {"threads": self.scope(thread)}
         search = partial(self.archive.search, words, exclude_ids=exclude_ids,
                          snippets=snippets, **where)
+        everywhere = partial(search, informative_only=informative_only)
         if hint.window is None and not hint.recent and self.dense is None:
             # Then the K best are the first K of the candidates, and only those are read,
             # unless merged copies or hits outside the scope leave fewer than K of them.
-            first = search(limit=k, candidates=CANDIDATES * k, informative_only=True)
+            first = everywhere(limit=k, candidates=CANDIDATES * k)
             kept = self._kept(thread, allowed, first, hint, query, exclude_ids)
             if len(kept) >= k or len(first) < k:
                 return kept[:k], hint
         found = [] if hint.window is None else search(limit=2 * k, window=hint.window)
-        general = search(limit=CANDIDATES * k, informative_only=True)
+        general = everywhere(limit=CANDIDATES * k)
         found += _newer_first(general) if hint.recent else general
         return self._kept(thread, allowed, found, hint, query, exclude_ids)[:k], hint
 

@@ -9,7 +9,8 @@ Built per tool call by the tool actuator for the event's thread::
 - `search(query, limit)` is recall's own search (`Recall.hits`): the owner's
   threads only (plus owners configured as shared), each owner ranked with
   its own word statistics, dates in the query searched first, every hit's
-  owner checked again.  Never another owner's messages.
+  owner checked again.  Never another owner's messages.  Unlike recall, a query
+  of only very common words finds their newest matches (a search was asked for).
 - `messages(since, until, limit)` is the asking thread's own messages in a
   time span, oldest first, without the kernel's bookkeeping (control records,
   system errors) — from the archive, or from working memory for a channel
@@ -87,7 +88,7 @@ class OwnerMemory:
         limit = _limit(limit, MAX_SEARCH)
         if not isinstance(query, str):
             raise TypeError(f"query must be text, not {type(query).__name__}")
-        hits, _ = self.recall.hits(self.thread, query, k=limit)
+        hits, _ = self.recall.hits(self.thread, query, k=limit, informative_only=False)
         allowed = {self.owner, *self.recall.shared_owners}
         return [as_dict(hit, hit.score) for hit in hits
                 if hit.thread == self.thread or self.recall.owner(hit.thread) in allowed]
