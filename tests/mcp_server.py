@@ -4,7 +4,7 @@ Run as `python tests/mcp_server.py [--variant NAME]`.  Its tools: `lookup`
 (read-only), `delete_note` (destructive), `fetch_page` (open-world),
 `sleep` (slow), `crash` (the process exits at once), `pick` (a typed
 schema: integer with bounds, an enum, a boolean, a camelCase name),
-`environ` (the names of its environment variables), `pid`, `big` (a long text),
+`environ` (the names of its environment variables), `pid`, `big` (a long text), `flood` (megabytes on stdout in one endless line),
 `fail` (an error result), `picture` (an image and a text).  `--variant
 other` serves a different tool list (`lookup` and `extra`), so a test can
 see a restarted server re-registered.  Setting MCP_TEST_VARIANT_FILE names
@@ -18,6 +18,7 @@ import asyncio
 import base64
 import os
 import sys
+import time
 from typing import Literal
 
 from mcp.server.mcpserver import MCPServer
@@ -79,6 +80,19 @@ def full_server() -> MCPServer:
     def big(chars: int) -> str:
         """A text of CHARS characters."""
         return "x" * chars
+
+    @server.tool(annotations=READ_ONLY)
+    def flood(megabytes: int) -> str:
+        """Write MEGABYTES MiB to the wire with no newline (one endless message), then wait.
+        The SDK serves the wire from a duplicate of fd 1 and points fd 1 at stderr."""
+        from mcp.server import stdio as sdk_stdio
+        claim = getattr(sdk_stdio, "_claims", {}).get(1)
+        wire = claim.private_fd if claim is not None and claim.private_fd is not None else 1
+        block = b"x" * (1 << 20)
+        for _ in range(megabytes):
+            os.write(wire, block)
+        time.sleep(60)
+        return "flooded"
 
     @server.tool(annotations=READ_ONLY)
     def fail(why: str) -> str:

@@ -9,12 +9,16 @@ import os
 import re
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from opencortex.tools import ToolRegistry
 from opencortex.tools.mcp import McpServers, McpToolError
+from opencortex.tools.mcp_relay import line_after
 from opencortex.tools.mcp_settings import McpSettings
 
 SERVER = Path(__file__).resolve().parent / "mcp_server.py"
@@ -74,8 +78,8 @@ def test_tools_are_registered_with_names_risks_and_trust(tmp_path):
         return mcp.report()
 
     report = run({"notes": server(trust="trusted"), "web": server()}, body, tmp_path)
-    assert "mcp notes: running, 11 tools (trusted)" in report
-    assert "mcp web: running, 11 tools (untrusted)" in report
+    assert "mcp notes: running, 12 tools (trusted)" in report
+    assert "mcp web: running, 12 tools (untrusted)" in report
     assert "mcp test server (full)" in (tmp_path / "mcp-notes.log").read_text()
 
 
@@ -179,6 +183,52 @@ def test_a_crashed_server_fails_calls_at_once_and_restarts_with_backoff(tmp_path
         os.kill(int(first_pid), 0)
 
 
+def test_a_server_sending_an_endless_message_is_stopped_and_the_kernel_holds_little(
+        tmp_path):
+    """The SDK's reader keeps everything up to a newline; the relay stops a server whose
+    line passes max_message_bytes, so the kernel holds about that much at most."""
+    async def body(registry, mcp):
+        server = mcp.servers["t"]
+        first_pid = await call(registry, "t/pid")
+        tracemalloc.start()
+        try:
+            with pytest.raises(McpToolError) as flooded:
+                await call(registry, "t/flood", megabytes=64)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        await until(lambda: server.state == "running", "the restart")
+        return first_pid, str(flooded.value), peak, await call(registry, "t/lookup", query="x")
+
+    first_pid, flooded, peak, after = run({"t": server(max_message_bytes=1 << 20)}, body,
+                                          log_dir=tmp_path)
+    assert flooded.startswith("server t stopped during the call to flood")
+    assert peak < 16 << 20, peak                     # not the 64 MiB the server sent
+    assert after == "found x (3 at most)"
+    assert "sent a message over 1048576 bytes; it was stopped" in \
+        (tmp_path / "mcp-t.log").read_text()
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(first_pid), 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="x\n", max_size=64).map(str.encode), max_size=20))
+def test_the_relay_stops_at_the_first_chunk_that_makes_a_line_too_long(chunks):
+    """What the relay tracks (the unfinished line's length) says exactly what the whole
+    output so far would: a line over the cap (here 64, chunks of up to 64 bytes)."""
+    def over_in_all_read(count: int) -> bool:
+        return any(len(line) > 64 for line in b"".join(chunks[:count]).split(b"\n"))
+
+    line, stopped = 0, None
+    for number, chunk in enumerate(chunks, 1):
+        line = line_after(chunk, line, 64)
+        if line is None:
+            stopped = number
+            break
+    expected = next((n for n in range(1, len(chunks) + 1) if over_in_all_read(n)), None)
+    assert stopped == expected
+
+
 def test_only_the_listed_environment_reaches_the_server(monkeypatch):
     monkeypatch.setenv("OPENCORTEX_TEST_LISTED", "listed")
     monkeypatch.setenv("OPENCORTEX_TEST_UNLISTED", "unlisted")
@@ -229,4 +279,4 @@ def test_servers_that_do_not_start_are_reported_and_the_rest_run():
     assert report[0].startswith("mcp missing: server missing is not running: program")
     assert report[1].startswith("mcp silent: server silent is not running: "
                                 "it did not start in time (retry in")
-    assert report[2] == "mcp t: running, 11 tools (untrusted)"
+    assert report[2] == "mcp t: running, 12 tools (untrusted)"

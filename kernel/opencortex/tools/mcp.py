@@ -10,7 +10,9 @@ in flight when the server dies fails at once ("stopped during the call"), a
 call while it restarts fails at once ("restarting (retry in N s)").  A
 restarted server's tools replace the group, so a changed tool list counts.
 
-The server's environment is exactly its `env` setting (see mcp_settings): the
+Each server runs behind `mcp_relay`, which stops one that sends a message (a
+line) over `max_message_bytes`: the SDK's reader would hold all of it.  The
+server's environment is exactly its `env` setting (see mcp_settings): the
 SDK adds HOME, PATH, ... of its own, which `env -u` takes away again unless
 listed.  Its stderr goes to LOG_DIR/mcp-NAME.log when a log directory is
 given, else nowhere.  Log lines name the server and what happened, never
@@ -25,6 +27,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import time
 from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
@@ -51,6 +54,7 @@ STOP_GRACE = 10.0        # the SDK's own shutdown takes at most about 6.5 s
 MAX_TOOLS = 256
 MAX_PAGES = 16
 MAX_LOG_BYTES = 1 << 20
+RELAY = str(Path(__file__).with_name("mcp_relay.py"))   # caps a server's lines (see there)
 
 
 class McpToolError(RuntimeError):
@@ -218,7 +222,8 @@ class McpServer:
         cwd = os.path.expanduser(self.settings.cwd) if self.settings.cwd else None
         if cwd is not None and not os.path.isdir(cwd):
             raise StartError(f"cwd {model_note(str(cwd), 80)!r} is not a directory")
-        return StdioServerParameters(command=program, args=args, env=env, cwd=cwd)
+        relayed = ["-I", RELAY, str(self.settings.max_message_bytes), program, *args]
+        return StdioServerParameters(command=sys.executable, args=relayed, env=env, cwd=cwd)
 
     @contextmanager
     def _errlog(self) -> Iterator[Any]:

@@ -45,6 +45,8 @@ class McpServerSettings(BaseModel):
     timeout: float = Field(default=30.0, gt=0, le=3600)
     start_timeout: float = Field(default=20.0, gt=0, le=600)
     max_result_chars: int = Field(default=8000, ge=100, le=1 << 20)
+    # one message (a line) from the server, at most; over it the server is restarted
+    max_message_bytes: int = Field(default=16 << 20, ge=1 << 16, le=1 << 30)
 
     @field_validator("command")
     @classmethod
