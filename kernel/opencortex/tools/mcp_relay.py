@@ -30,8 +30,7 @@ def _server_input(server_stdin) -> None:
     """Our stdin into the server's, until either ends (then the server's is closed)."""
     try:
         while chunk := os.read(0, CHUNK):
-            server_stdin.write(chunk)
-            server_stdin.flush()
+            _write_all(server_stdin.fileno(), chunk)
     except OSError:
         pass
     finally:
@@ -41,10 +40,10 @@ def _server_input(server_stdin) -> None:
             pass
 
 
-def _write_all(data: bytes) -> None:
+def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(1, view):]
+        view = view[os.write(fd, view):]
 
 
 def line_after(chunk: bytes, line: int, cap: int) -> int | None:
@@ -76,9 +75,10 @@ def relay(cap: int, command: list[str]) -> int:
                 server.kill()
                 server.wait()
                 return OVER_CAP
-            _write_all(chunk)
-    except (BrokenPipeError, OSError):          # the kernel's end is gone
+            _write_all(1, chunk)
+    except OSError:                             # the kernel's end is gone
         server.kill()
+    os.close(1)                 # the server's output ended: so does ours, at once
     return server.wait()
 
 
