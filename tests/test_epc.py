@@ -341,6 +341,26 @@ def test_abort_turn_stops_a_slow_turn_and_archives_nothing(start, home, tmp_path
     assert emacs.call("abort-turn", "main") in (False, [])
 
 
+def test_messages_beyond_max_waiting_turns_are_refused_with_the_reason(start, home, tmp_path):
+    """A client sending faster than turns end gets an error, not a growing queue."""
+    insert = '(:type :REQUEST :target :emacs :action :insert-at-end :buffer "*opencortex-chat*" '
+    slow = {"delay": 0.02, "chunks": [insert, ':text "* slow'] + [" word"] * 500 + ['")']}
+    script = tmp_path / "replies.jsonl"
+    script.write_text("\n".join([json.dumps(slow)] + [json.dumps(f'{insert}:text "* {n}")')
+                                                        for n in ("two", "three", "four")]))
+    (home / "config.toml").write_text("[emacs]\nmax_waiting_turns = 3\n")
+    kernel, emacs = start("--script", str(script))
+    for n in range(3):
+        emacs.call("send-message", "main", f"message {n}")
+    with pytest.raises(Exception, match="3 messages are waiting for their replies already"):
+        emacs.call("send-message", "other", "one too many")      # over every chat
+    emacs.wait_for("opencortex-stream")          # the slow reply streams: its turn has it
+    assert emacs.call("abort-turn", "main") is True
+    assert wait_finals(emacs, 2) == ["* two\n", "* three\n"]
+    emacs.call("send-message", "main", "room again")
+    assert wait_finals(emacs, 3)[-1] == "* four\n"
+
+
 def test_a_compression_notice_after_a_streamed_reply_is_shown(start, home):
     (home / "config.toml").write_text("[conversation]\nbudget = 300\nthreshold = 0.8\n"
                                       "target = 0.5\n")

@@ -86,6 +86,7 @@ class EmacsSettings(BaseModel):
     call_timeout: float = Field(default=10.0, gt=0)
     auth_timeout: float = Field(default=5.0, gt=0, le=300)   # seconds to authenticate
     max_connections: int = Field(default=16, ge=1, le=1024)
+    max_waiting_turns: int = Field(default=64, ge=1, le=4096)  # sent, not yet answered
 
 
 class Config(BaseModel):

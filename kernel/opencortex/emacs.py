@@ -198,11 +198,16 @@ class EmacsService:
     """The methods Emacs may call, by EPC name."""
 
     def __init__(self, kernel: Kernel, link: EmacsLink, book: ApprovalBook,
-                 piece_bytes: int):
+                 piece_bytes: int, max_waiting_turns: int = 64):
+        """MAX_WAITING_TURNS: messages sent and not yet answered, at most, over every
+        chat (a client sending faster than turns end gets an error, not a growing
+        queue)."""
         self.kernel = kernel
         self.link = link
         self.book = book
         self.piece_bytes = piece_bytes
+        self.max_waiting_turns = max_waiting_turns
+        self.waiting_turns = 0
         self.running: dict[Thread, list[asyncio.Task[TurnResult]]] = {}  # in arrival order
 
     def methods(self) -> dict[str, Any]:
@@ -217,15 +222,20 @@ class EmacsService:
             event = chat_message(text, "emacs", chat_id)
         except EventError as error:
             raise ValueError(str(error)) from None
+        if self.waiting_turns >= self.max_waiting_turns:
+            raise ValueError(f"{self.waiting_turns} messages are waiting for their replies "
+                             "already; send this one once some are answered")
         turn_id = new_turn_id()
         relay = StreamRelay(self.link, event.thread, turn_id, self.piece_bytes)
         task = asyncio.create_task(self.kernel.handle(event, relay, turn_id))
+        self.waiting_turns += 1                  # until _turn_finished
         self.running.setdefault(event.thread, []).append(task)
         task.add_done_callback(lambda done: self._turn_finished(event.thread, relay, done))
         return {"turn-id": turn_id, "thread": str(event.thread)}
 
     def _turn_finished(self, thread: Thread, relay: StreamRelay,
                        task: asyncio.Task[TurnResult]) -> None:
+        self.waiting_turns -= 1
         tasks = self.running.get(thread, [])
         if task in tasks:
             tasks.remove(task)

@@ -131,7 +131,8 @@ def emacs_frontend(config: Config, kernel: Kernel, loop: asyncio.AbstractEventLo
     kernel.approvers["emacs"] = EmacsApprover(link, book)
     tools = kernel.actuators.for_target("tool")
     tools.emacs = lambda: link if link.connection is not None else None   # for Emacs tools
-    service = EmacsService(kernel, link, book, actuator.piece_bytes)
+    service = EmacsService(kernel, link, book, actuator.piece_bytes,
+                           max_waiting_turns=settings.max_waiting_turns)
     server = KernelEpcServer(loop, secret, service.methods(), listening=listening,
                              max_payload_bytes=settings.max_payload_bytes,
                              max_connections=settings.max_connections,
