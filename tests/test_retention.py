@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+from opencortex.conversation.branches import BRANCH, CONTROL
+from opencortex.conversation.storedsummaries import FIRST, LAST, STRATEGY, SUMMARY, TURNS
 from opencortex.events import Thread, chat_message
 from opencortex.llm import ScriptBackend
 from opencortex.memory import Archive, NewMessage
@@ -50,6 +52,26 @@ def test_forgetting_older_messages_keeps_files_and_index_in_agreement(tmp_path):
         assert rows(again) == before_reindex
         again.append([NewMessage(role="user", text="after", thread=T)])
         assert [r.text for r in again.read_thread(T)][-1] == "after"
+
+
+def summary_of(first: str, last: str, text: str) -> NewMessage:
+    """A compression summary record over FIRST..LAST, as storedsummaries writes one."""
+    extra = {CONTROL: SUMMARY, BRANCH: "main", STRATEGY: "summarize", TURNS: "1-2",
+             FIRST: first, LAST: last}
+    return NewMessage(role="system", text=text, thread=T, turn_type="silence", parent=None,
+                      extra=extra)
+
+
+def test_forgetting_older_messages_takes_the_summaries_that_quote_them(tmp_path):
+    with Archive(tmp_path / "memory") as archive:
+        fill(archive)
+        ids = [r.id for r in archive.read_thread(T)]       # q0 a0 (1000) q1 a1 (2000) q2 a2
+        archive.append([summary_of(ids[0], ids[3], "[Summary] the zebra question 0"),
+                        summary_of(ids[4], ids[5], "[Summary] the zebra question 2")])
+        assert forget(archive, T, before=2_500.0) == 4
+        text = archive.thread_file(T).read_text()
+    assert "the zebra question 0" not in text and "zebra answer 1" not in text
+    assert "[Summary] the zebra question 2" in text      # its span is all kept
 
 
 def test_forgetting_a_whole_thread_removes_its_file_and_rows(tmp_path):

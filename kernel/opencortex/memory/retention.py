@@ -9,7 +9,8 @@ rewrites the file crash-safely while holding its exclusive lock: the kept
 entries are written to `<file>.forget-tmp`, fsynced, renamed over the file,
 and the directory is fsynced.  A crash leaves either the old file or the new
 one (a leftover temporary file is ignored and replaced next time).  Control
-records (branch, head and pin notes) are kept.  The index then forgets the
+records (branch, head and pin notes) are kept, except the compression summaries
+of spans that held a forgotten message: they quote it.  The index then forgets the
 file and indexes the kept entries at their new offsets; if the process dies
 in between, the index sees a file of another size on its next start and
 reads it again, so index and files always end up agreeing.
@@ -80,7 +81,8 @@ def forget(archive: Archive, thread: Thread, before: float | None = None) -> int
             gone = [r for r in records if not is_control(r.extra) and _goes(r, before)]
             if not gone:
                 return 0
-            kept = [r for r in records if not _goes(r, before)]
+            quoting = _quoting({r.id for r in gone}, records)
+            kept = [r for r in records if not _goes(r, before) and r.id not in quoting]
             if kept:
                 entries, size = _rewrite(path, thread, kept)
             else:
@@ -90,6 +92,22 @@ def forget(archive: Archive, thread: Thread, before: float | None = None) -> int
         archive.replace_indexed(path, entries, size)
     log.info("forgot %d message(s) of %s", len(gone), name)
     return len(gone)
+
+
+def _quoting(gone: set[str], records: list[MessageRecord]) -> set[str]:
+    """The ids of the control records among RECORDS that speak for a span of messages
+    (FIRST to LAST, in file order: a compression summary) holding one of GONE, or
+    whose span is no longer there: they go with it, since they quote what was said."""
+    where = {record.id: number for number, record in enumerate(records)}
+    quoting = set()
+    for record in records:
+        first, last = record.extra.get("FIRST"), record.extra.get("LAST")
+        if not is_control(record.extra) or first is None or last is None:
+            continue
+        span = (where.get(first), where.get(last))
+        if None in span or any(records[n].id in gone for n in range(span[0], span[1] + 1)):
+            quoting.add(record.id)
+    return quoting
 
 
 def _rewrite(path: Path, thread: Thread, kept: list[MessageRecord]
