@@ -221,7 +221,8 @@ class Recall:
                exclude_ids: Collection[str] = (), snippets: bool = False,
                informative_only: bool = True) -> tuple[list[Ranked], DateHint]:
         """The K best hits with the ranks that put them there (lexical, dense, fused);
-        with SNIPPETS, each lexical hit's matched words marked (for `explain`)."""
+        with SNIPPETS, each lexical hit's matched words marked (for `explain`);
+        INFORMATIVE_ONLY as in `hits` (a period named in QUERY is searched either way)."""
         hint = date_hint(query, time.time())
         if k <= 0 or not query.strip():
             return [], hint
@@ -234,16 +235,16 @@ class Recall:
             where = {"threads": self.scope(thread)}
         search = partial(self.archive.search, words, exclude_ids=exclude_ids,
                          snippets=snippets, **where)
-        everywhere = partial(search, informative_only=informative_only)
+        undated = partial(search, informative_only=informative_only)   # no period asked
         if hint.window is None and not hint.recent and self.dense is None:
             # Then the K best are the first K of the candidates, and only those are read,
             # unless merged copies or hits outside the scope leave fewer than K of them.
-            first = everywhere(limit=k, candidates=CANDIDATES * k)
+            first = undated(limit=k, candidates=CANDIDATES * k)
             kept = self._kept(thread, allowed, first, hint, query, exclude_ids)
             if len(kept) >= k or len(first) < k:
                 return kept[:k], hint
         found = [] if hint.window is None else search(limit=2 * k, window=hint.window)
-        general = everywhere(limit=CANDIDATES * k)
+        general = undated(limit=CANDIDATES * k)
         found += _newer_first(general) if hint.recent else general
         return self._kept(thread, allowed, found, hint, query, exclude_ids)[:k], hint
 
