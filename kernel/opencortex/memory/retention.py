@@ -10,9 +10,9 @@ entries are written to `<file>.forget-tmp`, fsynced, renamed over the file,
 and the directory is fsynced.  A crash leaves either the old file or the new
 one (a leftover temporary file is ignored and replaced next time).  Control
 records (branch, head and pin notes) are kept, except the compression summaries
-of spans that held a forgotten message: they quote it.  The index then forgets the
-file and indexes the kept entries at their new offsets; if the process dies
-in between, the index sees a file of another size on its next start and
+of spans that held a forgotten message: they quote it.  The index then forgets
+the file and indexes the kept entries at their new offsets; if the process
+dies in between, the index sees a file of another size on its next start and
 reads it again, so index and files always end up agreeing.
 """
 
