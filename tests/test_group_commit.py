@@ -431,3 +431,22 @@ def test_slash_commands_write_off_the_loop(kernel, monkeypatch):
         run(main())
     finally:
         release.set()
+
+
+def test_emacs_reload_skills_compiles_off_the_loop(kernel, monkeypatch):
+    """The EPC method reload-skills reads the skills on a reading thread, as /reload does:
+    compiling changed skills may take a while, and the loop serves other chats."""
+    from opencortex.emacs import EmacsService
+    where: list[int] = []
+    real_reload = kernel.skills.reload
+    monkeypatch.setattr(kernel.skills, "reload",
+                        lambda: where.append(threading.get_ident()) or real_reload())
+
+    async def scenario():
+        loop_thread = threading.get_ident()
+        answer = await EmacsService(kernel, None, None, 4096).reload_skills()
+        return loop_thread, answer
+
+    loop_thread, answer = run(scenario())
+    assert where and where[0] != loop_thread
+    assert answer == {"skills": len(kernel.skills.skills), "errors": []}

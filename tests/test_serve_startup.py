@@ -107,3 +107,23 @@ def test_serving_moves_start_up_out_of_the_collectors_sight():
             "assert gc.get_threshold()[0] == YOUNG_COLLECTION, gc.get_threshold()\n"
             "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_after_a_reload_what_the_old_skills_left_is_collected():
+    """Frozen with start-up, the old skills' cycles (modules, functions) would never be
+    collected after /reload; serve re-settles the collector after each (in a child
+    process: freezing changes the whole process)."""
+    code = ("import gc, weakref\n"
+            "from opencortex.serve import resettle_collector, settle_collector\n"
+            "class Skill:\n"
+            "    pass\n"
+            "old = Skill(); old.me = old          # a cycle, as a module and its functions\n"
+            "gone = weakref.ref(old)\n"
+            "settle_collector()\n"
+            "del old\n"
+            "gc.collect()\n"
+            "assert gone() is not None            # frozen: never collected\n"
+            "resettle_collector()\n"
+            "assert gone() is None\n"
+            "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -347,6 +347,16 @@ def test_reload_reads_edits_and_drops_old_modules(tmp_path):
     assert registry.get("edit").module != old
 
 
+def test_reload_runs_the_after_reload_hooks_once_loaded(tmp_path):
+    write(tmp_path / "one.hy", ALWAYS.format(name="one", priority=1))
+    registry = loaded(tmp_path)
+    seen: list[object] = []
+    registry.after_reload.append(lambda: seen.append(registry.get("one")))
+    registry.load()
+    assert seen == []                                     # a load is not a reload
+    assert registry.reload() == [] and seen == [registry.get("one")]
+
+
 def test_reload_picks_up_an_edited_helper_macro_without_bytecode(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
     helper = write(tmp_path / "_macros.hy", "(defmacro shout [s] (.upper s))\n")

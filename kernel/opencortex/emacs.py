@@ -271,7 +271,9 @@ class EmacsService:
         return await self.kernel.view(Thread("emacs", chat_id))
 
     async def reload_skills(self) -> dict[str, Any]:
-        errors = self.kernel.skills.reload()
+        """Read the skills again, on a reading thread (as /reload): compiling them may
+        take a while, and the loop serves every other chat meanwhile."""
+        errors = await self.kernel.conversations.read(self.kernel.skills.reload)
         return {"skills": len(self.kernel.skills.skills), "errors": [str(e) for e in errors]}
 
     async def slash_command(self, chat_id: str, text: str) -> dict[str, Any]:

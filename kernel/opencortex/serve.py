@@ -202,6 +202,7 @@ async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.Abstrac
     kernel = build_kernel(config, stream=sys.stderr, backend=backend)
     kernel.reporters["event loop"] = partial(loop_name, loop)
     settle_collector()
+    kernel.skills.after_reload.append(resettle_collector)
     service, server = emacs_frontend(config, kernel, loop, secret, listening)
     wire = await _start_wire(kernel, ws_port, ws_token) if ws_port is not None else None
     if wire is not None:
@@ -232,6 +233,15 @@ def settle_collector() -> None:
     turn after, and no full collection in that run."""
     gc.freeze()
     gc.set_threshold(YOUNG_COLLECTION, *gc.get_threshold()[1:])
+
+
+def resettle_collector() -> None:
+    """After /reload: what the old skills left (modules, functions: cycles) was frozen
+    with start-up and would never be collected; collect it, then freeze what is left.
+    The collection holds the GIL for a moment (tens of ms), once per reload."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 async def _start_wire(kernel: Kernel, port: int, token: str) -> Any:

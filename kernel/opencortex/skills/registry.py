@@ -25,7 +25,7 @@ import linecache
 import logging
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -85,6 +85,7 @@ class SkillRegistry:
         self._skills: list[Skill] = []
         self._tools: list[Tool] = []
         self._modules: list[str] = []
+        self.after_reload: list[Callable[[], None]] = []   # run after each `reload`
 
     @property
     def tools(self) -> list[Tool]:
@@ -118,8 +119,11 @@ class SkillRegistry:
         return list(errors)
 
     def reload(self) -> list[SkillError]:
-        """Drop everything loaded and load again from disk."""
-        return self.load()
+        """Drop everything loaded and load again from disk; then run `after_reload`."""
+        errors = self.load()
+        for hook in self.after_reload:
+            hook()
+        return errors
 
     def matching(self, ctx: SkillContext) -> list[Skill]:
         """Skills whose trigger accepts CTX, in priority order.
