@@ -207,7 +207,6 @@ class EmacsService:
         self.book = book
         self.piece_bytes = piece_bytes
         self.max_waiting_turns = max_waiting_turns
-        self.waiting_turns = 0
         self.running: dict[Thread, list[asyncio.Task[TurnResult]]] = {}  # in arrival order
 
     def methods(self) -> dict[str, Any]:
@@ -222,20 +221,19 @@ class EmacsService:
             event = chat_message(text, "emacs", chat_id)
         except EventError as error:
             raise ValueError(str(error)) from None
-        if self.waiting_turns >= self.max_waiting_turns:
-            raise ValueError(f"{self.waiting_turns} messages are waiting for their replies "
+        waiting = sum(map(len, self.running.values()))
+        if waiting >= self.max_waiting_turns:
+            raise ValueError(f"{waiting} messages are waiting for their replies "
                              "already; send this one once some are answered")
         turn_id = new_turn_id()
         relay = StreamRelay(self.link, event.thread, turn_id, self.piece_bytes)
         task = asyncio.create_task(self.kernel.handle(event, relay, turn_id))
-        self.waiting_turns += 1                  # until _turn_finished
         self.running.setdefault(event.thread, []).append(task)
         task.add_done_callback(lambda done: self._turn_finished(event.thread, relay, done))
         return {"turn-id": turn_id, "thread": str(event.thread)}
 
     def _turn_finished(self, thread: Thread, relay: StreamRelay,
                        task: asyncio.Task[TurnResult]) -> None:
-        self.waiting_turns -= 1
         tasks = self.running.get(thread, [])
         if task in tasks:
             tasks.remove(task)
