@@ -155,10 +155,10 @@ class RankedSearch:
         counted = sorted((found, n, phrase) for n, phrase in enumerate(phrases)
                          if (found := self._frequency(table, phrase)))
         size = self._size(table, at_least=max((found for found, _, _ in counted), default=0))
-        if any(max(WEIGHTLESS_FLOOR, size // 2) < found <= COMMON_DOCS
-               for found, _, _ in counted):   # the half rule drops a word: on a current count
-            size = self._size(table, fresh=True)
-        common = min(COMMON_DOCS, max(WEIGHTLESS_FLOOR, size // 2))
+        common = _very_common_above(size)
+        if any(common < found <= COMMON_DOCS for found, _, _ in counted):
+            # the half rule drops a word: judge it on a current count
+            common = _very_common_above(self._size(table, fresh=True))
         kept, total = [], 0
         for found, _, phrase in counted:
             if found > common or (kept and total + found > MATCH_BUDGET):
@@ -242,6 +242,12 @@ class RankedSearch:
         finally:
             if time_limit is not None:
                 self._db.set_progress_handler(None, 0)
+
+
+def _very_common_above(size: int) -> int:
+    """Found in more messages than this, of an owner's SIZE, a word is very common: more
+    than COMMON_DOCS, or more than half of them and than WEIGHTLESS_FLOOR."""
+    return min(COMMON_DOCS, max(WEIGHTLESS_FLOOR, size // 2))
 
 
 def _first(rows: Iterable[tuple], returnable: Callable[[tuple], bool], count: int
