@@ -201,6 +201,9 @@ async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.Abstrac
     from opencortex.runtime import build_kernel
     kernel = build_kernel(config, stream=sys.stderr, backend=backend)
     kernel.reporters["event loop"] = partial(loop_name, loop)
+    if config.memory.write_process:
+        kernel.archive.write_in_a_process()
+    kernel.reporters["archive writes"] = kernel.archive.writes_report
     settle_collector()
     kernel.skills.after_reload.append(resettle_collector)
     service, server = emacs_frontend(config, kernel, loop, secret, listening)

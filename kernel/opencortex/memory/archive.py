@@ -19,7 +19,9 @@ PARENT of the new messages.  Readers never see an incomplete write (see
 memory, and two processes appending to the same file stay safe.  Readers take
 a shared `flock`.  The kernel does not write on its event loop: it submits
 appends to one writer thread, which commits the appends that wait together
-(one write and one fsync per file, one index transaction; see `writer`).
+(one write and one fsync per file, one index transaction; see `writer`);
+under `opencortex serve` that thread has the files written by a child process
+(`write_in_a_process`, see `write_process`) and indexes what it answers.
 
 The index remembers how many bytes of each file it has seen; on open it reads
 only what grew since (and rereads a file that shrank).  After editing archive
@@ -39,6 +41,7 @@ from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opencortex.events import Thread
 from opencortex.memory.index import MessageIndex
@@ -50,6 +53,9 @@ from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit, che
                                        check_thread, check_unicode)
 from opencortex.memory.threadfile import ArchiveError, Tails, locked, read_range, settle_tail
 from opencortex.memory.writer import Appended, GroupWriter, Job, plan, write_files
+
+if TYPE_CHECKING:
+    from opencortex.memory.write_process import WriteProcess
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +89,7 @@ class Archive:
         self._tails = Tails()                        # what each file ended with (writer)
         self._files = ThreadFiles(self.root)         # where each thread is kept
         self._readers: Readers | None = None         # the connections searches read through
+        self._write_process: WriteProcess | None = None   # see `write_in_a_process`
         self.files_made = 0          # thread files this archive created (recall looks again)
         if read_only:
             self._index = MessageIndex(Path(":memory:"), tokenizer=tokenizer)
@@ -105,6 +112,8 @@ class Archive:
         """Write what was submitted (waiting a bounded time), stop the writer thread, and
         close the index (the org files are closed after every operation)."""
         stopped = self._writer.close()
+        if self._write_process is not None and stopped:
+            self._write_process.close()
         if self._readers is not None:
             self._readers.close()
         if stopped:       # else a write still hangs (a stuck disk): it keeps the index
@@ -181,6 +190,21 @@ class Archive:
         raise at once."""
         return self._writer.submit(self._job(messages, ids))
 
+    def write_in_a_process(self, **settings: float) -> None:
+        """Have the writer thread's files written by a child process from now on (see
+        `write_process`; SETTINGS: its timeouts), started now; serve does this."""
+        if self.read_only or self._write_process is not None:
+            return
+        from opencortex.memory.write_process import WriteProcess
+        self._write_process = WriteProcess(**settings)
+        self._write_process.start()
+
+    def writes_report(self) -> str:
+        """Where the archive's files are written, in words (doctor, `/metrics`)."""
+        if self._write_process is None:
+            return "in the writer thread"
+        return self._write_process.report()
+
     @property
     def batches(self) -> int:
         """How many group commits the writer thread made (for tests and benchmarks)."""
@@ -203,7 +227,9 @@ class Archive:
         with self._lock:
             claimed: dict[str, Thread] = {}      # ids written by earlier jobs of the batch
             ready = [job for job in jobs if self._checked(job, claimed)]
-            written = write_files(plan(ready, self.thread_file, self._name), self._tails)
+            files = plan(ready, self.thread_file, self._name)
+            written = write_files(files, self._tails) if self._write_process is None else \
+                self._write_process.write(files, self._tails)
             if not written:
                 return
             self.files_made += sum(1 for w in written if w.start == 0)

@@ -73,3 +73,4 @@ class MemorySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    write_process: bool = True     # serve: files written by a child process (`write_process`)

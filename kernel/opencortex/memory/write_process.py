@@ -1,0 +1,293 @@
+"""The archive's file writes made by a process of its own (`opencortex serve`).
+
+Under load the writer thread spent most of a batch waiting for Python's GIL,
+not for the disk: each file costs about nine system calls (open, flock, stat,
+fstat, pread, write, fsync, close) and each lets the GIL go and must take it
+back while the event loop and the reading threads hold it (bench_load: 7.6 ms
+of a batch's 12 ms, against 1.6 ms with nothing else running).  A child
+process has a GIL of its own: the writer thread sends it a batch's files
+(`write_files`'s plan, with the jobs' validated messages) and waits for one
+answer, so a batch costs the parent two hand-offs instead of ~50.
+
+The child does exactly what `write_files` does in-process, with its own
+`Tails`: lock, settle the tail, render, one write per file, fsync, the
+directory fsync for new files; it answers each job's records and the entries
+of each file written.  The index stays with the parent's writer thread (it
+holds the archive's lock and the partition of owners).  So the crash
+guarantees are those of `write_files`: a turn is acknowledged only once the
+child said its write was fsynced.
+
+When the child dies or does not answer within `timeout` seconds, the batch's
+appends fail with an ArchiveError saying so (what it wrote before is whole or
+moved aside by the next write's settling, as after any crash) and the next
+batch starts a new child; a child that cannot be started at all leaves the
+parent writing in its own thread (logged once).  The child gets no
+environment (no keys), stops when the parent closes the pipe or dies, and
+only ever unpickles what its parent sent through a pipe only they share.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import opencortex
+from opencortex.memory.threadfile import ArchiveError, Tails
+from opencortex.memory.writer import Job, Written, _Pending, write_files
+
+log = logging.getLogger(__name__)
+
+WRITE_TIMEOUT = 60.0      # seconds a batch may take in the child before it is killed
+START_TIMEOUT = 30.0      # seconds a new child may take to say it is ready
+STOP_TIMEOUT = 5.0        # seconds the child may take to end after its pipe closed
+MAX_FAILED_STARTS = 3     # children in a row that never got ready: then writes stay in-thread
+READY = b"ready"
+
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
+          "from opencortex.memory.write_process import serve_writes; "
+          "serve_writes(int(sys.argv[2]), int(sys.argv[3]))")
+
+
+class WriterStopped(ArchiveError):
+    """The writing process died or hung; the batch was not confirmed written."""
+
+    def __init__(self, message: str, *, reason: str):
+        super().__init__(message)
+        self.reason = reason          # for the log: no message content
+
+
+class _NotStarted(WriterStopped):
+    """A new child did not say it was ready."""
+
+
+class WriteProcess:
+    """A child process writing batches of files (see the module); one batch at a time."""
+
+    def __init__(self, *, timeout: float = WRITE_TIMEOUT, start_timeout: float = START_TIMEOUT):
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.started = 0                      # children started so far
+        self.failure: str | None = None       # why no child can be started (then: in-thread)
+        self._failed_starts = 0               # children in a row that never got ready
+        self._guard = threading.Lock()        # one batch, start or stop at a time
+        self._child: subprocess.Popen | None = None
+        self._requests: Connection | None = None
+        self._replies: Connection | None = None
+        self._ready = False
+        self._pid = os.getpid()
+
+    # -- the parent's side ----------------------------------------------------
+
+    def start(self) -> None:
+        """Start the child now (it gets ready in the background); no-op when running."""
+        with self._guard:
+            self._spawn()
+
+    @property
+    def pid(self) -> int | None:
+        """The running child's process id."""
+        child = self._child
+        return child.pid if child is not None and child.poll() is None else None
+
+    def report(self) -> str:
+        """How files are written, for `/metrics` and doctor."""
+        if self.failure is not None:
+            return f"in the writer thread (no writer process: {self.failure})"
+        pid = self.pid
+        return (f"in a process of their own (pid {pid})" if pid is not None
+                else "in a process of their own (started with the next write)")
+
+    def write(self, files: list[_Pending], tails: Tails) -> list[Written]:
+        """`write_files(FILES, TAILS)`, made by the child (TAILS: used only when no child
+        can be started).  When the child dies or hangs meanwhile, FILES' appends fail
+        with WriterStopped."""
+        with self._guard:
+            if self._pid != os.getpid():           # a forked copy: never share the child
+                self._forget()
+                self._pid = os.getpid()
+            if self.failure is None:
+                self._spawn()
+            try:
+                if self.failure is None:
+                    self._wait_ready()
+            except _NotStarted as error:         # nothing was sent: written here instead
+                self._kill()
+                self._failed_starts += 1
+                if self._failed_starts >= MAX_FAILED_STARTS:
+                    self.failure = error.reason
+                log.error("archive writer process did not start (%s); this batch is written "
+                          "in the writer thread%s", error.reason,
+                          ", and all that follow" if self.failure else "")
+                return write_files(files, tails)
+            if self.failure is not None:
+                return write_files(files, tails)
+            try:
+                return self._exchange(files)
+            except WriterStopped as error:
+                self._kill()
+                for pending in files:
+                    for job, _ in pending.parts:
+                        job.fail(error)
+                log.error("archive writer process: %s", error.reason)
+                return []
+
+    def _exchange(self, files: list[_Pending]) -> list[Written]:
+        """Send FILES, wait for the answer and put it on their jobs; what was written."""
+        jobs: dict[int, Job] = {}
+        for pending in files:
+            for job, _ in pending.parts:
+                jobs.setdefault(id(job), job)
+        order = {key: number for number, key in enumerate(jobs)}
+        request = ([(p.thread, str(p.path), p.name,
+                     [(order[id(job)], positions) for job, positions in p.parts])
+                    for p in files],
+                   [(job.messages, job.ids, job.now) for job in jobs.values()])
+        answer = self._ask(pickle.dumps(request, pickle.HIGHEST_PROTOCOL))
+        if isinstance(answer, str):                # the child's own unexpected failure
+            raise WriterStopped(f"the archive's writer process failed ({answer}); this "
+                                "turn was not saved", reason=answer)
+        outcomes, written = answer
+        for job, (records, before, error) in zip(jobs.values(), outcomes):
+            job.records = records
+            job.before = before
+            if error is not None:
+                job.fail(error)
+        return written
+
+    def _ask(self, request: bytes) -> Any:
+        """Send REQUEST, return the child's unpickled answer (bounded by `timeout`)."""
+        try:
+            self._requests.send_bytes(request)
+            if not self._replies.poll(self.timeout):
+                raise WriterStopped(
+                    f"the archive's writer process did not answer within {self.timeout:g} s "
+                    "(a stuck disk?); this turn was not confirmed saved", reason="no answer")
+            return pickle.loads(self._replies.recv_bytes())
+        except (EOFError, OSError) as error:
+            how = self._exit()
+            raise WriterStopped(
+                f"the archive's writer process stopped ({how}) while saving; this turn was "
+                "not confirmed saved (a new one is started)", reason=f"stopped ({how})") from error
+
+    def _wait_ready(self) -> None:
+        """Wait for a new child's ready mark (bounded by `start_timeout`)."""
+        if self._ready:
+            return
+        try:
+            if not self._replies.poll(self.start_timeout) or self._replies.recv_bytes() != READY:
+                raise EOFError
+        except (EOFError, OSError) as error:
+            how = self._exit()
+            raise _NotStarted(f"the archive's writer process did not start ({how})",
+                              reason=how) from error
+        self._ready = True
+        self._failed_starts = 0
+
+    def _exit(self, wait: float = 1.0) -> str:
+        """How the child ended, in words (waiting at most WAIT seconds for it to end)."""
+        child = self._child
+        if child is None:
+            return "not started"
+        try:
+            code = child.wait(wait)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            return "still running"
+        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+    def _spawn(self) -> None:
+        """Start a child when none runs (recording a failure to start)."""
+        if self._child is not None and self._child.poll() is None or self.failure is not None:
+            return
+        self._forget()
+        to_child, requests = os.pipe()       # (read, write) ends
+        replies, from_child = os.pipe()
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-I", "-c", _CHILD, str(Path(opencortex.__file__).parents[1]),
+                 str(to_child), str(from_child)],
+                pass_fds=(to_child, from_child), env={}, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError as error:
+            os.close(requests)
+            os.close(replies)
+            self.failure = f"{type(error).__name__}: {error.strerror or error}"
+            log.error("archive writer process could not be started (%s); files are written "
+                      "in the writer thread", self.failure)
+            return
+        finally:
+            os.close(to_child)
+            os.close(from_child)
+        self._requests = Connection(requests, readable=False)
+        self._replies = Connection(replies, writable=False)
+        self._ready = False
+        self.started += 1
+
+    def _forget(self) -> None:
+        """Drop the pipes to a child that ended (or of the process this was forked from)."""
+        for connection in (self._requests, self._replies):
+            if connection is not None:
+                connection.close()
+        self._requests = self._replies = None
+        self._child = None
+
+    def _kill(self) -> None:
+        """Kill the child (it died, hung or failed) and reap it; the next write starts one."""
+        child = self._child
+        if child is not None:
+            child.kill()
+            child.wait()
+        self._forget()
+
+    def close(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Let the child end (its current batch first), killing it after TIMEOUT seconds."""
+        with self._guard:
+            child = self._child
+            if child is None or self._pid != os.getpid():
+                return
+            self._requests.close()
+            self._requests = None
+            try:
+                child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.error("archive writer process did not end within %g s; killed", timeout)
+            self._kill()
+
+
+# -- the child's side ---------------------------------------------------------
+
+def serve_writes(requests_fd: int, replies_fd: int) -> None:
+    """The child: answer batches of files to write until the parent closes the pipe."""
+    requests = Connection(requests_fd, writable=False)
+    replies = Connection(replies_fd, readable=False)
+    tails = Tails()
+    replies.send_bytes(READY)
+    while True:
+        try:
+            request = requests.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            answer: Any = _written(*pickle.loads(request), tails)
+        except Exception as error:         # not expected: the parent fails the batch
+            answer = f"{type(error).__name__}: {error}"
+        replies.send_bytes(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL))
+
+
+def _written(files: list, jobs: list, tails: Tails) -> tuple[list, list[Written]]:
+    """Write FILES of JOBS (as `WriteProcess._exchange` sent them); each job's
+    (records, before, error) and what was written."""
+    made = [Job(messages, ids, now) for messages, ids, now in jobs]
+    pending = [_Pending(thread, Path(path), name,
+                        [(made[number], positions) for number, positions in parts])
+               for thread, path, name, parts in files]
+    written = write_files(pending, tails)
+    return [(job.records, job.before, job.error) for job in made], written

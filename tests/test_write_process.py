@@ -1,0 +1,281 @@
+"""The archive's files written by a process of their own (`memory.write_process`).
+
+serve has the writer thread's batches written by a child process (its GIL is
+not the kernel's).  What must hold: an append is acknowledged only once the
+child wrote and fsynced it, and the parent indexes it; a child that dies or
+hangs fails exactly the batch it held, with a clear error, and the next batch
+starts a new one; a child that cannot start leaves the writes to the thread;
+the child sees no environment (no keys) and ends when its parent does;
+SIGKILLing the child at any moment keeps whole turns only.  A child is paused
+with SIGSTOP and killed with SIGKILL; every wait is bounded and every child
+is reaped.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from opencortex.events import Thread
+from opencortex.memory import Archive, ArchiveError, NewMessage
+from opencortex.memory import write_process
+from opencortex.memory.retention import forget
+from opencortex.memory.write_process import WriteProcess, WriterStopped
+from test_archive_crash import strict_entries, whole_writes
+
+WAIT = 20.0                      # seconds any one wait may take
+THREAD = Thread("cli", "in-a-process")
+OTHER = Thread("cli", "beside-it")
+
+
+def said(text: str, thread: Thread = THREAD) -> NewMessage:
+    return NewMessage(role="user", text=text, thread=thread)
+
+
+@pytest.fixture
+def archive(tmp_path):
+    made = Archive(tmp_path / "memory")
+    made.write_in_a_process()
+    yield made
+    made.close()
+
+
+def child_of(archive: Archive) -> int:
+    """The running writer child's pid (after a write made sure it runs)."""
+    pid = archive._write_process.pid
+    assert pid is not None and pid != os.getpid()
+    return pid
+
+
+def gone(pid: int) -> bool:
+    """Whether process PID has ended (and was reaped), waiting at most WAIT seconds."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def paused(pid: int) -> bool:
+    """Whether PID is stopped (SIGSTOP took effect), waiting at most WAIT seconds."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_appends_are_written_by_the_child_and_indexed_by_the_parent(archive):
+    futures = [archive.submit([said(f"question {n}"),
+                               NewMessage(role="assistant", text=f"answer {n}",
+                                          thread=Thread("cli", f"new-{n % 3}"))])
+               for n in range(20)]
+    stored = [future.result(WAIT) for future in futures]
+    pid = child_of(archive)
+    assert archive.writes_report() == f"in a process of their own (pid {pid})"
+    assert [r.text for r in archive.thread_records(THREAD)] == [f"question {n}"
+                                                                 for n in range(20)]
+    assert [r.text for r in archive.read_thread(THREAD)] == [f"question {n}" for n in range(20)]
+    assert archive.files_made == 4                 # THREAD and new-0, new-1, new-2
+    first, second = stored[0], stored[1]
+    assert first.before[THREAD] is None and second.before[THREAD] == first.records[0].id
+    assert second.records[0].parent == first.records[0].id
+    hits = archive.search("answer", owners=None, limit=30)
+    assert len(hits) == 20
+    assert archive.append([said("a synchronous append")])[0].text == "a synchronous append"
+    assert child_of(archive) == pid and archive._write_process.started == 1
+
+
+def test_a_child_killed_mid_batch_fails_that_batch_and_the_next_starts_a_new_one(archive):
+    archive.submit([said("before")]).result(WAIT)
+    pid = child_of(archive)
+    os.kill(pid, signal.SIGSTOP)
+    assert paused(pid)
+    pending = archive.submit([said("while it is stopped")])
+    time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WriterStopped, match=r"stopped \(killed by signal 9\) while saving; "
+                                            "this turn was not confirmed saved"):
+        pending.result(WAIT)
+    assert gone(pid)
+    after = archive.submit([said("after")]).result(WAIT)
+    assert child_of(archive) != pid and archive._write_process.started == 2
+    assert [r.text for r in archive.thread_records(THREAD)] == ["before", "after"]
+    assert after.records[0].parent == archive.thread_records(THREAD)[0].id
+
+
+def test_a_hung_child_fails_its_batch_within_the_timeout_and_is_killed(tmp_path):
+    with Archive(tmp_path / "memory") as archive:
+        archive.write_in_a_process(timeout=0.5)
+        archive.submit([said("first")]).result(WAIT)
+        pid = child_of(archive)
+        os.kill(pid, signal.SIGSTOP)
+        assert paused(pid)
+        started = time.monotonic()
+        with pytest.raises(WriterStopped, match=r"did not answer within 0.5 s"):
+            archive.submit([said("stuck")]).result(WAIT)
+        assert time.monotonic() - started < WAIT
+        assert gone(pid)                      # killed and reaped, not left stopped
+        archive.submit([said("then")]).result(WAIT)
+        assert [r.text for r in archive.thread_records(THREAD)] == ["first", "then"]
+
+
+def test_a_file_the_child_cannot_write_fails_only_its_appends(archive):
+    archive.thread_file(OTHER).parent.mkdir(parents=True, exist_ok=True)
+    archive.thread_file(OTHER).mkdir()                 # not a file: open fails (EISDIR)
+    first = archive.submit([said("one")])
+    futures = [archive.submit([said("two")]), archive.submit([said("lost", OTHER)]),
+               archive.submit([said("three")])]
+    first.result(WAIT)
+    with pytest.raises(ArchiveError, match=r"could not save 1 message\(s\) to cli/.*: Is a "
+                                           "directory; free disk space or fix permissions"):
+        futures[1].result(WAIT)
+    assert [f.result(WAIT).records[0].text for f in (futures[0], futures[2])] == ["two", "three"]
+    assert [r.text for r in archive.thread_records(THREAD)] == ["one", "two", "three"]
+    assert child_of(archive)                              # the same child goes on
+
+
+@pytest.mark.parametrize("broken", ["exits", "missing interpreter"])
+def test_a_child_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path, monkeypatch,
+                                                                    caplog, broken):
+    if broken == "exits":
+        monkeypatch.setattr(write_process, "_CHILD", "import sys; sys.exit(3)")
+    else:
+        monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    with Archive(tmp_path / "memory") as archive:
+        archive.write_in_a_process(start_timeout=WAIT)
+        texts = [f"still saved {n}" for n in range(write_process.MAX_FAILED_STARTS + 1)]
+        for text in texts:
+            assert archive.submit([said(text)]).result(WAIT).records[0].text == text
+        assert [r.text for r in archive.read_thread(THREAD)] == texts
+        report = archive.writes_report()
+        assert report.startswith("in the writer thread (no writer process: ")
+        assert ("exit status 3" if broken == "exits" else "FileNotFoundError") in report
+        assert archive._write_process.started == (
+            write_process.MAX_FAILED_STARTS if broken == "exits" else 0)
+    assert "archive writer process" in caplog.text and "still saved" not in caplog.text
+
+
+def test_a_child_killed_before_it_is_ready_costs_nothing(archive):
+    pid = archive._write_process.pid                  # started by write_in_a_process
+    os.kill(pid, signal.SIGKILL)
+    assert archive.submit([said("written by the thread")]).result(WAIT).records
+    archive.submit([said("by a new child")]).result(WAIT)
+    assert child_of(archive) != pid and archive._write_process.started == 2
+    assert archive.writes_report().startswith("in a process of their own (pid ")
+    assert [r.text for r in archive.read_thread(THREAD)] == ["written by the thread",
+                                                             "by a new child"]
+
+
+def test_the_child_gets_no_environment(archive, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-canary-write-process")
+    archive._write_process.close()                     # the next write starts a new one
+    archive.submit([said("hello")]).result(WAIT)
+    environ = Path(f"/proc/{child_of(archive)}/environ").read_bytes()
+    assert b"sk-canary" not in environ and b"API_KEY" not in environ
+
+
+def test_forgetting_a_thread_while_the_child_runs(archive):
+    archive.submit([said("old"), said("older")]).result(WAIT)
+    assert forget(archive, THREAD) == 2
+    assert not archive.thread_file(THREAD).exists()
+    stored = archive.submit([said("new")]).result(WAIT)
+    assert stored.before[THREAD] is None and stored.records[0].parent is None
+    assert [r.text for r in archive.read_thread(THREAD)] == ["new"]
+    assert [r.text for r in archive.thread_records(THREAD)] == ["new"]
+    assert archive.files_made == 2
+
+
+def test_closing_ends_the_child(tmp_path):
+    archive = Archive(tmp_path / "memory")
+    archive.write_in_a_process()
+    archive.submit([said("one")]).result(WAIT)
+    pid = child_of(archive)
+    archive.close()
+    assert gone(pid)
+    assert archive.writes_report() == "in a process of their own (started with the next write)"
+
+
+PARENT = textwrap.dedent("""
+    import os, signal, sys
+    from opencortex.events import Thread
+    from opencortex.memory import Archive, NewMessage
+    archive = Archive(sys.argv[1])
+    archive.write_in_a_process()
+    thread = Thread("cli", "in-a-process")
+    archive.submit([NewMessage(role="user", text="first", thread=thread)]).result(20)
+    print(archive._write_process.pid, flush=True)
+    big = "x" * 4_000_000
+    archive.submit([NewMessage(role="user", text=big, thread=thread)] * 3)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_killed_parent_leaves_whole_writes_and_its_child_ends(tmp_path):
+    root = tmp_path / "memory"
+    parent = subprocess.run([sys.executable, "-c", PARENT, str(root)], capture_output=True,
+                            text=True, timeout=WAIT * 3)
+    assert parent.returncode == -signal.SIGKILL, parent.stderr
+    assert gone(int(parent.stdout.split()[0]))          # the child ended by itself
+    path = root / "cli" / f"{THREAD.chat_id}.org"
+    data = path.read_bytes()
+    entries = strict_entries(data, len(data))
+    assert whole_writes([entry.part for entry in entries])
+    assert len(entries) in (1, 4)                        # the big write whole, or not at all
+    with Archive(root) as reopened:
+        assert len(reopened.thread_records(THREAD)) == len(entries)
+
+
+def ready_child(archive: Archive, acked: list[str]) -> int:
+    """The pid of a child that answered a write (the last kill may have hit it idle,
+    failing the next batch too: then a new one starts)."""
+    for _ in range(3):
+        try:
+            acked += [r.id for r in archive.submit([said("ready?")]).result(WAIT).records]
+        except WriterStopped:
+            continue
+        return child_of(archive)
+    raise AssertionError("no writer child answered three writes in a row")
+
+
+def test_sigkill_of_the_child_at_any_moment_keeps_whole_turns_only(archive):
+    """Turns of large messages are submitted while the child is killed at random moments:
+    acknowledged turns are there once, failed ones fail with WriterStopped, and after
+    the next append settles the tail every file holds whole writes only."""
+    rng = random.Random(20261127)
+    text = "a large message line\n" * 20_000
+    acked: list[str] = []
+    failed = 0
+    for _ in range(12):
+        pid = ready_child(archive, acked)
+        futures: list[Future] = [archive.submit(
+            [said(text), NewMessage(role="assistant", text=text, thread=THREAD)])
+            for _ in range(4)]
+        time.sleep(rng.uniform(0, 0.25))
+        os.kill(pid, signal.SIGKILL)
+        for future in futures:
+            try:
+                acked += [record.id for record in future.result(WAIT).records]
+            except WriterStopped:
+                failed += 1
+    assert failed > 0, "no kill landed inside a batch; the test proved nothing"
+    ready_child(archive, acked)                         # its append settled the tail
+    data = archive.thread_file(THREAD).read_bytes()
+    entries = strict_entries(data, len(data))
+    assert whole_writes([entry.part for entry in entries])
+    ids = [entry.record.id for entry in entries]
+    assert len(ids) == len(set(ids)) and set(acked) <= set(ids)
+    assert [r.id for r in archive.thread_records(THREAD)] == ids
