@@ -223,25 +223,36 @@
       (should (equal (opencortex-test--file-text file) "# -*- coding: latin-1 -*-\n* Old\n"))
       (should-not (find-buffer-visiting file)))))
 
+(defun opencortex-test--day (days &optional format)
+  "The date DAYS days from today, as FORMAT (default \"%Y-%m-%d\")."
+  (format-time-string (or format "%Y-%m-%d") (time-add nil (days-to-time days))))
+
 (ert-deftest opencortex-tool-agenda ()
-  "Entries of the agenda files in the range, with date, time, TODO, heading, kind, file."
+  "Entries of the agenda files in the range, with date, time, TODO, heading, kind, file.
+Dates are counted from today: org lists a TODO scheduled before today as
+past-scheduled, so fixed dates would change the answer as time passes."
   (opencortex-test--in-temp-dir
     (let ((file (expand-file-name "agenda.org")))
       (with-temp-file file
-        (insert "* TODO Call Bob\nSCHEDULED: <2026-11-24 Tue 10:00>\n"
-                "* Meeting\n<2026-11-25 Wed 14:30>\n"
-                "* Later\n<2026-12-25 Fri>\n"))
+        (insert (format "* TODO Call Bob\nSCHEDULED: <%s 10:00>\n"
+                        (opencortex-test--day 1 "%Y-%m-%d %a"))
+                (format "* Meeting\n<%s 14:30>\n" (opencortex-test--day 2 "%Y-%m-%d %a"))
+                (format "* Later\n<%s>\n" (opencortex-test--day 40 "%Y-%m-%d %a"))))
       (let* ((org-agenda-files (list file (expand-file-name "missing.org")))
-             (answer (opencortex--tool-agenda "2026-11-23" "2026-11-30" 10)))
+             (from (opencortex-test--day 0))
+             (to (opencortex-test--day 7))
+             (answer (opencortex--tool-agenda from to 10)))
         (should (equal (plist-get answer :entries)
-                       `((:date "2026-11-24" :time "10:00" :todo "TODO" :heading "Call Bob"
-                                :kind "scheduled" :file ,(abbreviate-file-name file))
-                         (:date "2026-11-25" :time "14:30" :todo nil :heading "Meeting"
-                                :kind "timestamp" :file ,(abbreviate-file-name file)))))
+                       `((:date ,(opencortex-test--day 1) :time "10:00" :todo "TODO"
+                                :heading "Call Bob" :kind "scheduled"
+                                :file ,(abbreviate-file-name file))
+                         (:date ,(opencortex-test--day 2) :time "14:30" :todo nil
+                                :heading "Meeting" :kind "timestamp"
+                                :file ,(abbreviate-file-name file)))))
         (should (= 1 (plist-get answer :files)))
         (should-not (plist-get answer :truncated))
         (should-not (find-buffer-visiting file))
-        (should (plist-get (opencortex--tool-agenda "2026-11-23" "2026-11-30" 1) :truncated))
+        (should (plist-get (opencortex--tool-agenda from to 1) :truncated))
         (should (string-match-p "ends (2026-11-01) before it starts"
                                 (plist-get (opencortex--tool-agenda "2026-11-23" "2026-11-01" 5)
                                            :error)))
