@@ -7,6 +7,7 @@ plays Emacs so each server rule can be checked directly.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import stat
 import subprocess
@@ -208,6 +209,32 @@ def test_the_served_kernel_runs_on_the_chosen_event_loop_and_says_which(start, h
     emacs.call("send-message", "main", "/metrics")
     shown = wait_finals(emacs, 1)
     assert len(shown) == 1 and f"event loop: {expected}" in shown[0], shown
+
+
+@pytest.mark.parametrize("in_a_process", [True, False])
+def test_the_served_kernel_writes_files_in_a_child_process_and_says_so(start, home,
+                                                                       in_a_process):
+    (home / "config.toml").write_text(f"[memory]\nwrite_process = {str(in_a_process).lower()}\n")
+    kernel, emacs = start(ANTHROPIC_API_KEY="sk-canary-served-writer")
+    emacs.call("send-message", "main", "remember this")
+    emacs.call("send-message", "main", "/metrics")
+    shown = wait_finals(emacs, 2)
+    assert len(shown) == 2, shown
+    assert "remember this" in (home / "memory" / "emacs" / "main.org").read_text()
+    found = re.search(r"archive writes: in a process of their own \(pid (\d+)\)", shown[1])
+    if not in_a_process:
+        assert found is None and "archive writes: in the writer thread" in shown[1], shown
+        return
+    assert found, shown
+    child = int(found[1])
+    stat_fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+    assert int(stat_fields[1]) == kernel.process.pid           # the kernel's own child
+    assert b"sk-canary" not in Path(f"/proc/{child}/environ").read_bytes()
+    assert kernel.stop() == 0
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not Path(f"/proc/{child}").exists()                  # it ended with the kernel
 
 
 def test_calls_are_handled_in_arrival_order(start, home):

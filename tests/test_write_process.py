@@ -279,3 +279,14 @@ def test_sigkill_of_the_child_at_any_moment_keeps_whole_turns_only(archive):
     ids = [entry.record.id for entry in entries]
     assert len(ids) == len(set(ids)) and set(acked) <= set(ids)
     assert [r.id for r in archive.thread_records(THREAD)] == ids
+
+
+@pytest.mark.parametrize("setting, shown", [("", "serve: in a process of its own"),
+                                            ("[memory]\nwrite_process = false\n",
+                                             "in the writer thread ([memory] write_process")])
+def test_doctor_says_where_serve_writes_the_archive(tmp_path, setting, shown):
+    from opencortex.config import load_config
+    from opencortex.doctor import run_checks
+    (tmp_path / "config.toml").write_text(setting)
+    [check] = [c for c in run_checks(load_config(tmp_path)) if c.name == "archive writes"]
+    assert check.ok and check.detail.startswith(shown)

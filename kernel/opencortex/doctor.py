@@ -187,6 +187,15 @@ def _event_loop(config: Config) -> Check:
     return Check("event loop", True, f"uvloop {importlib.metadata.version('uvloop')}")
 
 
+def _archive_writes(config: Config) -> Check:
+    """Where serve writes the archive's files (see opencortex.memory.write_process)."""
+    if not config.memory.write_process:
+        return Check("archive writes", True, "in the writer thread ([memory] write_process "
+                     "= false)")
+    return Check("archive writes", True, "serve: in a process of its own (the writer thread "
+                 "when it cannot start; /metrics shows which)")
+
+
 def _recall(config: Config) -> Check:
     """How recall ranks: lexical, or lexical + dense when a model is configured and loads."""
     lexical = "per-owner FTS5 with porter stemming and dates"
@@ -223,6 +232,7 @@ def run_checks(config: Config) -> list[Check]:
     checks.extend(_mcp_server(name, server.command[0])
                   for name, server in config.mcp.servers.items())
     checks.append(_event_loop(config))
+    checks.append(_archive_writes(config))
     checks.append(_recall(config))
     checks.extend(_bundled())
     persona = config.persona_file
