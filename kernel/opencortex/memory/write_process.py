@@ -244,7 +244,10 @@ class WriteProcess:
         child = self._child
         if child is not None:
             child.kill()
-            child.wait()
+            try:
+                child.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:    # stuck in the kernel (a dead disk): left
+                log.error("archive writer process %d did not end when killed", child.pid)
         self._forget()
 
     def close(self, timeout: float = STOP_TIMEOUT) -> None:
