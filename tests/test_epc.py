@@ -230,6 +230,7 @@ def test_the_served_kernel_writes_files_in_a_child_process_and_says_so(start, ho
     stat_fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
     assert int(stat_fields[1]) == kernel.process.pid           # the kernel's own child
     assert b"sk-canary" not in Path(f"/proc/{child}/environ").read_bytes()
+    emacs.close()                        # before the kernel goes (python-epc's reader)
     assert kernel.stop() == 0
     deadline = time.monotonic() + 10
     while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
