@@ -290,3 +290,14 @@ def test_doctor_says_where_serve_writes_the_archive(tmp_path, setting, shown):
     (tmp_path / "config.toml").write_text(setting)
     [check] = [c for c in run_checks(load_config(tmp_path)) if c.name == "archive writes"]
     assert check.ok and check.detail.startswith(shown)
+
+
+def test_the_child_imports_from_the_parents_path(tmp_path, monkeypatch):
+    """A kernel whose packages come from PYTHONPATH (which the child's -I ignores) still
+    gets a working child: it is given the parent's import path."""
+    monkeypatch.setattr(sys, "path", list(sys.path) + [str(tmp_path / "elsewhere")])
+    assert write_process._import_path()[-1] == str(tmp_path / "elsewhere")
+    with Archive(tmp_path / "memory") as archive:
+        archive.write_in_a_process()
+        archive.submit([said("through the child")]).result(WAIT)
+        assert child_of(archive) and archive._write_process.failure is None

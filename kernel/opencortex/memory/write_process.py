@@ -28,6 +28,7 @@ only ever unpickles what its parent sent through a pipe only they share.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -50,7 +51,7 @@ STOP_TIMEOUT = 5.0        # seconds the child may take to end after its pipe clo
 MAX_FAILED_STARTS = 3     # children in a row that never got ready: then writes stay in-thread
 READY = b"ready"
 
-_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
+_CHILD = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
           "from opencortex.memory.write_process import serve_writes; "
           "serve_writes(int(sys.argv[2]), int(sys.argv[3]))")
 
@@ -212,14 +213,14 @@ class WriteProcess:
         replies, from_child = os.pipe()
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-I", "-c", _CHILD, str(Path(opencortex.__file__).parents[1]),
+                [sys.executable, "-I", "-c", _CHILD, json.dumps(_import_path()),
                  str(to_child), str(from_child)],
                 pass_fds=(to_child, from_child), env={}, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, start_new_session=True)
-        except OSError as error:
+        except (OSError, ValueError) as error:      # ValueError: no pass_fds (Windows)
             os.close(requests)
             os.close(replies)
-            self.failure = f"{type(error).__name__}: {error.strerror or error}"
+            self.failure = f"{type(error).__name__}: {getattr(error, 'strerror', None) or error}"
             log.error("archive writer process could not be started (%s); files are written "
                       "in the writer thread", self.failure)
             return
@@ -263,6 +264,13 @@ class WriteProcess:
             except subprocess.TimeoutExpired:
                 log.error("archive writer process did not end within %g s; killed", timeout)
             self._kill()
+
+
+def _import_path() -> list[str]:
+    """Where the child imports from: this process's path (it may come from PYTHONPATH,
+    which the child's -I ignores), opencortex's own directory first."""
+    home = str(Path(opencortex.__file__).resolve().parents[1])
+    return [home] + [entry for entry in sys.path if entry and entry != home]
 
 
 # -- the child's side ---------------------------------------------------------
