@@ -10,7 +10,8 @@ Figures, each beside its target:
    reply to the previous one came: messages/s sustained, acknowledgement
    (`send-message`'s return) p50/p99, send -> reply p50/p99, lost / duplicated /
    misrouted replies and errors (must be 0); and the kernel process's CPU time
-   (user + system, all threads) per turn, steadier than msgs/s on a busy machine.
+   (user + system, all threads) per turn, steadier than msgs/s on a busy machine,
+   with its archive writer process's apart (serve writes files there).
 2. send -> reply p50/p99 at a fixed offered rate (200 turns/s over the 20
    clients, open loop: sends are scheduled whatever the replies), and lost.
 3. send -> first streamed chunk at the EPC client, one client: p50/p99.  The
@@ -274,12 +275,14 @@ async def served_parts(kernels: list[ServedKernel], size: dict) -> list[dict]:
     turns = size["clients"] * size["messages"]
     for number, part in enumerate(parts):
         for result, kernel, secret in zip(results, kernels, secrets):
-            used = kernel.cpu_seconds()
+            used, children = kernel.cpu_seconds(), kernel.children_cpu_seconds()
             result.update(await asyncio.wait_for(part(kernel.port, secret), PART_TIMEOUT))
             if number in (0, 3):
                 name = "EPC" if number == 0 else "recalling"
                 result[f"{name} kernel CPU ms/turn"] = \
                     1000 * (kernel.cpu_seconds() - used) / turns
+                result[f"{name} writer process CPU ms/turn"] = \
+                    1000 * (kernel.children_cpu_seconds() - children) / turns
     return results
 
 

@@ -43,6 +43,12 @@ TOPICS = ("heron", "walrus", "okapi", "pelican", "lynx", "marmot", "ibis", "tapi
 HOME_CONFIG = "[emacs]\nmax_connections = 64\ncall_timeout = 30\n"
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time process PID has used, user and system, all threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class ServedKernel:
     """`opencortex serve --backend echo` in ROOT (home and runtime directory there)."""
 
@@ -77,9 +83,19 @@ class ServedKernel:
 
     def cpu_seconds(self) -> float:
         """CPU time the kernel process has used, user and system, all threads."""
-        fields = (Path(f"/proc/{self.process.pid}/stat").read_text()
-                  .rpartition(")")[2].split())
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.process.pid)
+
+    def children_cpu_seconds(self) -> float:
+        """CPU time the kernel's running child processes have used (serve's archive
+        writer process): work moved there is still work."""
+        total = 0.0
+        for children in Path(f"/proc/{self.process.pid}/task").glob("*/children"):
+            for pid in children.read_text().split():
+                try:
+                    total += process_cpu_seconds(int(pid))
+                except (FileNotFoundError, ProcessLookupError):
+                    pass            # it ended meanwhile
+        return total
 
     def errors(self) -> str:
         """The end of the kernel's stderr (never message content: echo turns log none)."""
