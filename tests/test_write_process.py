@@ -45,6 +45,7 @@ def said(text: str, thread: Thread = THREAD) -> NewMessage:
 def archive(tmp_path):
     made = Archive(tmp_path / "memory")
     made.write_in_a_process()
+    assert made._write_process.wait_ready(WAIT)
     yield made
     made.close()
 
@@ -72,7 +73,7 @@ def paused(pid: int) -> bool:
     """Whether PID is stopped (SIGSTOP took effect), waiting at most WAIT seconds."""
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+        if state_of(pid) == "T":
             return True
         time.sleep(0.005)
     return False
@@ -120,6 +121,7 @@ def test_a_child_killed_mid_batch_fails_that_batch_and_the_next_starts_a_new_one
 def test_a_hung_child_fails_its_batch_within_the_timeout_and_is_killed(tmp_path):
     with Archive(tmp_path / "memory") as archive:
         archive.write_in_a_process(timeout=0.5)
+        assert archive._write_process.wait_ready(WAIT)
         archive.submit([said("first")]).result(WAIT)
         pid = child_of(archive)
         os.kill(pid, signal.SIGSTOP)
@@ -157,9 +159,13 @@ def test_a_child_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path, mon
         monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
     with Archive(tmp_path / "memory") as archive:
         archive.write_in_a_process(start_timeout=WAIT)
-        texts = [f"still saved {n}" for n in range(write_process.MAX_FAILED_STARTS + 1)]
-        for text in texts:
-            assert archive.submit([said(text)]).result(WAIT).records[0].text == text
+        texts = []
+        for number in range(200):            # a start fails when the child has ended
+            texts.append(f"still saved {number}")
+            assert archive.submit([said(texts[-1])]).result(WAIT).records[0].text == texts[-1]
+            if archive._write_process.failure is not None:
+                break
+            time.sleep(0.01)
         assert [r.text for r in archive.read_thread(THREAD)] == texts
         report = archive.writes_report()
         assert report.startswith("in the writer thread (no writer process: ")
@@ -169,21 +175,42 @@ def test_a_child_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path, mon
     assert "archive writer process" in caplog.text and "still saved" not in caplog.text
 
 
-def test_a_child_killed_before_it_is_ready_costs_nothing(archive):
-    pid = archive._write_process.pid                  # started by write_in_a_process
+def state_of(pid: int) -> str:
+    """PID's state letter (R, S, T, Z...) from /proc."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_child_killed_before_it_is_ready_costs_nothing(tmp_path):
+    with Archive(tmp_path / "memory") as archive:
+        archive.write_in_a_process()
+        pid = archive._write_process.pid             # started, still importing
+        os.kill(pid, signal.SIGKILL)
+        assert archive.submit([said("written by the thread")]).result(WAIT).records
+        assert archive._write_process.wait_ready(WAIT)
+        archive.submit([said("by a new child")]).result(WAIT)
+        assert child_of(archive) != pid and archive._write_process.started == 2
+        assert archive.writes_report().startswith("in a process of their own (pid ")
+        assert [r.text for r in archive.read_thread(THREAD)] == ["written by the thread",
+                                                                 "by a new child"]
+
+
+def test_a_child_that_died_while_idle_costs_nothing(archive):
+    archive.submit([said("before")]).result(WAIT)
+    pid = child_of(archive)
     os.kill(pid, signal.SIGKILL)
-    assert archive.submit([said("written by the thread")]).result(WAIT).records
-    archive.submit([said("by a new child")]).result(WAIT)
-    assert child_of(archive) != pid and archive._write_process.started == 2
-    assert archive.writes_report().startswith("in a process of their own (pid ")
-    assert [r.text for r in archive.read_thread(THREAD)] == ["written by the thread",
-                                                             "by a new child"]
+    deadline = time.monotonic() + WAIT
+    while state_of(pid) != "Z" and time.monotonic() < deadline:    # dead, not yet reaped
+        time.sleep(0.005)
+    assert archive.submit([said("after")]).result(WAIT).records     # a new one is started
+    assert gone(pid) and archive._write_process.started == 2
+    assert [r.text for r in archive.read_thread(THREAD)] == ["before", "after"]
 
 
 def test_the_child_gets_no_environment(archive, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-canary-write-process")
     archive._write_process.close()                     # the next write starts a new one
     archive.submit([said("hello")]).result(WAIT)
+    assert archive._write_process.wait_ready(WAIT)
     environ = Path(f"/proc/{child_of(archive)}/environ").read_bytes()
     assert b"sk-canary" not in environ and b"API_KEY" not in environ
 
@@ -202,6 +229,7 @@ def test_forgetting_a_thread_while_the_child_runs(archive):
 def test_closing_ends_the_child(tmp_path):
     archive = Archive(tmp_path / "memory")
     archive.write_in_a_process()
+    assert archive._write_process.wait_ready(WAIT)
     archive.submit([said("one")]).result(WAIT)
     pid = child_of(archive)
     archive.close()
@@ -215,6 +243,7 @@ PARENT = textwrap.dedent("""
     from opencortex.memory import Archive, NewMessage
     archive = Archive(sys.argv[1])
     archive.write_in_a_process()
+    assert archive._write_process.wait_ready(20)
     thread = Thread("cli", "in-a-process")
     archive.submit([NewMessage(role="user", text="first", thread=thread)]).result(20)
     print(archive._write_process.pid, flush=True)
@@ -247,7 +276,8 @@ def ready_child(archive: Archive, acked: list[str]) -> int:
             acked += [r.id for r in archive.submit([said("ready?")]).result(WAIT).records]
         except WriterStopped:
             continue
-        return child_of(archive)
+        if archive._write_process.wait_ready(WAIT):
+            return child_of(archive)
     raise AssertionError("no writer child answered three writes in a row")
 
 
@@ -299,5 +329,6 @@ def test_the_child_imports_from_the_parents_path(tmp_path, monkeypatch):
     assert write_process._import_path()[-1] == str(tmp_path / "elsewhere")
     with Archive(tmp_path / "memory") as archive:
         archive.write_in_a_process()
+        assert archive._write_process.wait_ready(WAIT)
         archive.submit([said("through the child")]).result(WAIT)
         assert child_of(archive) and archive._write_process.failure is None

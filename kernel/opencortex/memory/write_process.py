@@ -17,11 +17,14 @@ holds the archive's lock and the partition of owners).  So the crash
 guarantees are those of `write_files`: a turn is acknowledged only once the
 child said its write was fsynced.
 
+A new child takes a moment to start (imports): the batches meanwhile are written
+by the thread, as are those of a kernel whose child cannot start at all
+(logged; after MAX_FAILED_STARTS in a row, for good).
+
 When the child dies or does not answer within `timeout` seconds, the batch's
 appends fail with an ArchiveError saying so (what it wrote before is whole or
 moved aside by the next write's settling, as after any crash) and the next
-batch starts a new child; a child that cannot be started at all leaves the
-parent writing in its own thread (logged once).  The child gets no
+batch starts a new child.  The child gets no
 environment (no keys), stops when the parent closes the pipe or dies, and
 only ever unpickles what its parent sent through a pipe only they share.
 """
@@ -35,6 +38,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -82,6 +86,7 @@ class WriteProcess:
         self._requests: Connection | None = None
         self._replies: Connection | None = None
         self._ready = False
+        self._spawned = 0.0                   # when the running child was started (monotonic)
         self._pid = os.getpid()
 
     # -- the parent's side ----------------------------------------------------
@@ -96,6 +101,21 @@ class WriteProcess:
         """The running child's process id."""
         child = self._child
         return child.pid if child is not None and child.poll() is None else None
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether a child runs and is ready (one is started when none runs), waiting at
+        most TIMEOUT seconds (for tests and benchmarks: a write never waits for a child
+        that starts)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._guard:
+                if self._usable():
+                    return True
+                if self.failure is not None:
+                    return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
     def report(self) -> str:
         """How files are written, for `/metrics` and doctor."""
@@ -113,21 +133,7 @@ class WriteProcess:
             if self._pid != os.getpid():           # a forked copy: never share the child
                 self._forget()
                 self._pid = os.getpid()
-            if self.failure is None:
-                self._spawn()
-            try:
-                if self.failure is None:
-                    self._wait_ready()
-            except _NotStarted as error:         # nothing was sent: written here instead
-                self._kill()
-                self._failed_starts += 1
-                if self._failed_starts >= MAX_FAILED_STARTS:
-                    self.failure = error.reason
-                log.error("archive writer process did not start (%s); this batch is written "
-                          "in the writer thread%s", error.reason,
-                          ", and all that follow" if self.failure else "")
-                return write_files(files, tails)
-            if self.failure is not None:
+            if not self._usable():     # none can start, or it is still starting: written here
                 return write_files(files, tails)
             try:
                 return self._exchange(files)
@@ -177,12 +183,38 @@ class WriteProcess:
                 f"the archive's writer process stopped ({how}) while saving; this turn was "
                 "not confirmed saved (a new one is started)", reason=f"stopped ({how})") from error
 
-    def _wait_ready(self) -> None:
-        """Wait for a new child's ready mark (bounded by `start_timeout`)."""
-        if self._ready:
-            return
+    def _usable(self) -> bool:
+        """Whether a ready child can take a batch now; starts one when none runs (one that
+        ended before it was ready counts as a failed start)."""
+        if self.failure is not None:
+            return False
+        if self._child is None or self._ready and self._child.poll() is not None:
+            self._spawn()                    # none yet, or a ready one ended
+            if self.failure is not None:
+                return False
         try:
-            if not self._replies.poll(self.start_timeout) or self._replies.recv_bytes() != READY:
+            return self._is_ready()
+        except _NotStarted as error:         # nothing was sent to it
+            self._kill()
+            self._failed_starts += 1
+            if self._failed_starts >= MAX_FAILED_STARTS:
+                self.failure = error.reason
+            log.error("archive writer process did not start (%s); files are written in the "
+                      "writer thread%s", error.reason,
+                      " from now on" if self.failure else " until a new one is ready")
+            return False
+
+    def _is_ready(self) -> bool:
+        """Whether the child said it is ready (False while it starts, which is not waited
+        for); _NotStarted when it ended first or took over `start_timeout` seconds."""
+        if self._ready:
+            return True
+        try:
+            if not self._replies.poll(0):
+                if time.monotonic() - self._spawned < self.start_timeout:
+                    return False
+                raise EOFError
+            if self._replies.recv_bytes() != READY:
                 raise EOFError
         except (EOFError, OSError) as error:
             how = self._exit()
@@ -190,6 +222,7 @@ class WriteProcess:
                               reason=how) from error
         self._ready = True
         self._failed_starts = 0
+        return True
 
     def _exit(self, wait: float = 1.0) -> str:
         """How the child ended, in words (waiting at most WAIT seconds for it to end)."""
@@ -230,6 +263,7 @@ class WriteProcess:
         self._requests = Connection(requests, readable=False)
         self._replies = Connection(replies, writable=False)
         self._ready = False
+        self._spawned = time.monotonic()
         self.started += 1
 
     def _forget(self) -> None:
