@@ -269,15 +269,15 @@ def test_a_killed_parent_leaves_whole_writes_and_its_child_ends(tmp_path):
 
 
 def ready_child(archive: Archive, acked: list[str]) -> int:
-    """The pid of a child that answered a write (the last kill may have hit it idle,
-    failing the next batch too: then a new one starts)."""
+    """The pid of a child that is ready and answered a write (the last kill may have hit
+    it idle, failing the next batch too: then a new one starts)."""
     for _ in range(3):
+        assert archive._write_process.wait_ready(WAIT)
         try:
             acked += [r.id for r in archive.submit([said("ready?")]).result(WAIT).records]
         except WriterStopped:
             continue
-        if archive._write_process.wait_ready(WAIT):
-            return child_of(archive)
+        return child_of(archive)
     raise AssertionError("no writer child answered three writes in a row")
 
 
@@ -332,3 +332,26 @@ def test_the_child_imports_from_the_parents_path(tmp_path, monkeypatch):
         assert archive._write_process.wait_ready(WAIT)
         archive.submit([said("through the child")]).result(WAIT)
         assert child_of(archive) and archive._write_process.failure is None
+
+
+DIES_ON_EVERY_BATCH = (
+    "import sys; from multiprocessing.connection import Connection; "
+    "requests = Connection(int(sys.argv[2]), writable=False); "
+    "replies = Connection(int(sys.argv[3]), readable=False); "
+    "replies.send_bytes(b'ready'); requests.recv_bytes(); sys.exit(7)")
+
+
+def test_children_that_die_in_every_batch_leave_the_writes_to_the_thread(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setattr(write_process, "_CHILD", DIES_ON_EVERY_BATCH)
+    with Archive(tmp_path / "memory") as archive:
+        archive.write_in_a_process()
+        for number in range(write_process.MAX_FAILED_BATCHES):
+            assert archive._write_process.wait_ready(WAIT)
+            with pytest.raises(WriterStopped, match=r"stopped \(exit status 7\) while saving"):
+                archive.submit([said(f"lost {number}")]).result(WAIT)
+        assert archive.writes_report() == ("in the writer thread (no writer process: stopped "
+                                           "(exit status 7) 3 times in a row)")
+        archive.submit([said("saved by the thread")]).result(WAIT)
+        assert [r.text for r in archive.read_thread(THREAD)] == ["saved by the thread"]
+        assert archive._write_process.started == write_process.MAX_FAILED_BATCHES

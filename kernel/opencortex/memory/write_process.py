@@ -19,7 +19,8 @@ child said its write was fsynced.
 
 A new child takes a moment to start (imports): the batches meanwhile are written
 by the thread, as are those of a kernel whose child cannot start at all
-(logged; after MAX_FAILED_STARTS in a row, for good).
+(logged; after MAX_FAILED_STARTS in a row, or MAX_FAILED_BATCHES batches in a
+row that their child died or hung in, for good).
 
 When the child dies or does not answer within `timeout` seconds, the batch's
 appends fail with an ArchiveError saying so (what it wrote before is whole or
@@ -53,6 +54,7 @@ WRITE_TIMEOUT = 60.0      # seconds a batch may take in the child before it is k
 START_TIMEOUT = 30.0      # seconds a new child may take to say it is ready
 STOP_TIMEOUT = 5.0        # seconds the child may take to end after its pipe closed
 MAX_FAILED_STARTS = 3     # children in a row that never got ready: then writes stay in-thread
+MAX_FAILED_BATCHES = 3    # batches in a row a child died or hung in: likewise
 READY = b"ready"
 
 _CHILD = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
@@ -81,6 +83,7 @@ class WriteProcess:
         self.started = 0                      # children started so far
         self.failure: str | None = None       # why no child can be started (then: in-thread)
         self._failed_starts = 0               # children in a row that never got ready
+        self._failed_batches = 0              # batches in a row whose child died or hung
         self._guard = threading.Lock()        # one batch, start or stop at a time
         self._child: subprocess.Popen | None = None
         self._requests: Connection | None = None
@@ -136,14 +139,21 @@ class WriteProcess:
             if not self._usable():     # none can start, or it is still starting: written here
                 return write_files(files, tails)
             try:
-                return self._exchange(files)
+                written = self._exchange(files)
             except WriterStopped as error:
                 self._kill()
                 for pending in files:
                     for job, _ in pending.parts:
                         job.fail(error)
-                log.error("archive writer process: %s", error.reason)
+                self._failed_batches += 1
+                if self._failed_batches >= MAX_FAILED_BATCHES:
+                    self.failure = f"{error.reason} {self._failed_batches} times in a row"
+                log.error("archive writer process: %s%s", error.reason,
+                          "; files are written in the writer thread from now on"
+                          if self.failure else "")
                 return []
+            self._failed_batches = 0
+            return written
 
     def _exchange(self, files: list[_Pending]) -> list[Written]:
         """Send FILES, wait for the answer and put it on their jobs; what was written."""
