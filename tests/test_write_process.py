@@ -4,8 +4,9 @@ serve has the writer thread's batches written by a child process (its GIL is
 not the kernel's).  What must hold: an append is acknowledged only once the
 child wrote and fsynced it, and the parent indexes it; a child that dies or
 hangs fails exactly the batch it held, with a clear error, and the next batch
-starts a new one; a child that cannot start leaves the writes to the thread;
-the child sees no environment (no keys) and ends when its parent does;
+starts a new one; while a child starts, and when none can start or children
+keep dying in their batches, the thread writes; the child sees no environment
+(no keys) and ends when its parent does;
 SIGKILLing the child at any moment keeps whole turns only.  A child is paused
 with SIGSTOP and killed with SIGKILL; every wait is bounded and every child
 is reaped.
@@ -29,7 +30,7 @@ from opencortex.events import Thread
 from opencortex.memory import Archive, ArchiveError, NewMessage
 from opencortex.memory import write_process
 from opencortex.memory.retention import forget
-from opencortex.memory.write_process import WriteProcess, WriterStopped
+from opencortex.memory.write_process import WriterStopped
 from test_archive_crash import strict_entries, whole_writes
 
 WAIT = 20.0                      # seconds any one wait may take
