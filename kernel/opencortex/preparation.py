@@ -13,7 +13,6 @@ for it (same owner only), never the kernel itself.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 from dataclasses import dataclass
@@ -65,10 +64,9 @@ class Preparation:
         limit = self.config.prepare_timeout
         try:
             with self.telemetry.span("chat.context_render"):
-                async with asyncio.timeout(limit):       # no task of its own (wait_for)
-                    prepared = await self.conversations.read(
-                        contextvars.copy_context().run, self._prepare, event, history, seen,
-                        persona)
+                prepared = await self.conversations.read_within(
+                    limit, contextvars.copy_context().run, self._prepare, event, history,
+                    seen, persona)
         except TimeoutError:
             log.warning("preparing a turn of %s took over %g s", event.thread, limit)
             raise TurnFailed(f"recall and the skill's prompt took longer than {limit:g} s "

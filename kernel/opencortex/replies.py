@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from typing import Callable
@@ -32,6 +31,7 @@ from opencortex.telemetry import Telemetry
 from opencortex.tools import ToolRegistry
 from opencortex.turn import TurnFailed, TurnObserver, TurnResult
 from opencortex.verification import Verdict, judge
+from opencortex.workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ class Replies:
         self.telemetry = telemetry
         self.can_ask = can_ask
         self.policy = ApprovalPolicy(config.approvals)
-        # Two workers so one slow reply blocks nobody.
-        self._judges = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opencortex-judge")
+        # Two workers so one slow reply blocks nobody; one that hangs is given up.
+        self._judges = Workers(2, "opencortex-judge")
 
     async def until_valid(self, skill: Skill, request: PromptRequest, ctx: SkillContext,
                           result: TurnResult, observer: TurnObserver
@@ -100,9 +100,7 @@ class Replies:
         limit = self.config.judge_timeout
         try:
             with self.telemetry.span("verify") as span:
-                async with asyncio.timeout(limit):
-                    verdict = await asyncio.wrap_future(      # run_in_executor, unchecked
-                        self._judges.submit(call), loop=asyncio.get_running_loop())
+                verdict = await self._judges.run_within(limit, call)
                 span.set(status=verdict.status)
         except TimeoutError:
             log.warning("judging a reply of %d characters took over %g s", len(reply), limit)
@@ -139,4 +137,4 @@ class Replies:
         return "".join(chunks)
 
     def close(self) -> None:
-        self._judges.shutdown(wait=False, cancel_futures=True)
+        self._judges.shutdown(cancel_futures=True)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Collection, Iterable, Sequence
@@ -42,6 +41,7 @@ from opencortex.events import Thread
 from opencortex.memory import Archive, ArchiveError, MessageRecord, NewMessage
 from opencortex.memory.retention import count_forgettable, forget
 from opencortex.memory.working import WorkingMemory
+from opencortex.workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Conversations:
         self.saved = SavedSessions(archive.root, owners=settings.owners, archive=archive)
         self._open: OrderedDict[Thread, Conversation] = OrderedDict()  # least recent first
         self._opening: dict[Thread, asyncio.Future[Conversation]] = {}   # being loaded
-        self._readers: ThreadPoolExecutor | None = None   # reading threads, made on first use
+        self._readers = Workers(READERS, "opencortex-reader")   # made on first use
 
     def store_for(self, thread: Thread) -> Archive | WorkingMemory:
         """Where THREAD's messages are kept: the archive, or working memory only for a
@@ -146,16 +146,16 @@ class Conversations:
 
     async def read(self, function, *args, **kwargs):
         """FUNCTION(*ARGS, **KWARGS) run by a reading thread, so the loop does not wait."""
-        if self._readers is None:
-            self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="opencortex-reader")
-        return await asyncio.wrap_future(        # run_in_executor, without its checks
-            self._readers.submit(function, *args, **kwargs), loop=asyncio.get_running_loop())
+        return await self._readers.run(function, *args, **kwargs)
+
+    async def read_within(self, limit: float, function, *args, **kwargs):
+        """`read`, given up after LIMIT seconds (TimeoutError): for skills' code, which may
+        hang; its thread is replaced (see `workers`)."""
+        return await self._readers.run_within(limit, function, *args, **kwargs)
 
     def close(self) -> None:
         """Let the reading threads go (made again if the conversations are used after)."""
-        readers, self._readers = self._readers, None
-        if readers is not None:
-            readers.shutdown(wait=False)
+        self._readers.shutdown()
 
     def _let_go(self) -> None:
         """Keep memory bounded: idle conversations beyond the limit are rebuilt when next used."""

@@ -1,0 +1,135 @@
+"""A skill's code that hangs costs its own turn and one thread, never the kernel's pool.
+
+Recall and a skill's prompt run on the reading threads, a verdict on the judging
+threads (`workers.Workers`).  A task that overruns its time is given up and its
+pool's threads are replaced, so later turns find free threads: before, two hung
+prompts held both reading threads and every later turn failed on its timeout.
+Hung tasks here wait on an event the test sets at its end (bounded waits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from opencortex.events import chat_message
+from opencortex.llm import EchoBackend
+from opencortex.preparation import Preparation
+from opencortex.runtime import build_kernel
+from opencortex.verification import judge
+from opencortex.workers import Workers
+
+WAIT = 60.0          # seconds a hung task waits at most for the test to release it
+TURN_BOUND = 15.0    # seconds one turn may take here
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=120))
+
+
+def test_given_up_tasks_leave_the_pool_free(caplog):
+    release = threading.Event()
+    workers = Workers(2, "test-workers", max_stuck=3)
+
+    async def scenario():
+        for _ in range(3):              # more hung tasks than threads
+            with pytest.raises(TimeoutError):
+                await workers.run_within(0.05, release.wait, WAIT)
+        assert workers.stuck == 3 and workers.replaced == 3
+        assert await workers.run_within(5, lambda: "still served") == "still served"
+        with pytest.raises(TimeoutError):                        # over max_stuck:
+            await workers.run_within(0.05, release.wait, WAIT)   # the pool stays
+        assert workers.replaced == 3 and workers.stuck == 4
+        release.set()
+        assert await workers.run_within(5, lambda: "after") == "after"
+
+    try:
+        run(scenario())
+    finally:
+        release.set()
+        workers.shutdown()
+    deadline = time.monotonic() + WAIT
+    while workers.stuck and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert workers.stuck == 0
+    assert "no more threads are made for them" in caplog.text
+
+
+def test_a_task_given_up_before_it_started_costs_nothing():
+    release = threading.Event()
+    workers = Workers(1, "test-workers")
+
+    async def scenario():
+        first = workers.submit(release.wait, WAIT)
+        with pytest.raises(TimeoutError):          # queued behind FIRST, never started
+            await workers.run_within(0.05, lambda: "never")
+        assert workers.replaced == 0 and workers.stuck == 0
+        release.set()
+        assert first.result(WAIT) is True
+
+    try:
+        run(scenario())
+    finally:
+        release.set()
+        workers.shutdown()
+
+
+@pytest.fixture
+def release():
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def turns(kernel, chats: list[str]) -> list:
+    """A turn in each of CHATS, one after the other, each bounded by TURN_BOUND seconds
+    (with the pool held by hung tasks, the next turn waited for a thread until they
+    ended: here WAIT seconds, in the kernel for ever)."""
+    async def each():
+        return [await asyncio.wait_for(kernel.handle(chat_message("hello", "cli", chat)),
+                                       TURN_BOUND) for chat in chats]
+    return run(each())
+
+
+def test_hung_prompts_do_not_starve_later_turns(config, monkeypatch, release):
+    config = config.model_copy(update={"prepare_timeout": 0.3})
+    real = Preparation._prepare
+
+    def prepare(self, event, *args):
+        if event.thread.chat_id.startswith("hung"):
+            release.wait(WAIT)
+        return real(self, event, *args)
+
+    monkeypatch.setattr(Preparation, "_prepare", prepare)
+    kernel = build_kernel(config, backend=EchoBackend(), writer=lambda text: None)
+    try:
+        results = turns(kernel, ["hung-1", "hung-2", "hung-3", "fine"])
+        assert [r.status for r in results] == ["failed"] * 3 + ["done"]
+        assert "took longer than 0.3 s" in results[0].errors[0]
+        assert kernel.conversations._readers.replaced == 3
+    finally:
+        release.set()
+        run(kernel.aclose())
+
+
+def test_hung_verdicts_do_not_starve_later_turns(config, monkeypatch, release):
+    config = config.model_copy(update={"judge_timeout": 0.3, "max_rejections": 0})
+
+    def held_judge(reply, skills, ctx, *args, **kwargs):
+        if ctx.event.thread.chat_id.startswith("hung"):
+            release.wait(WAIT)
+        return judge(reply, skills, ctx, *args, **kwargs)
+
+    monkeypatch.setattr("opencortex.replies.judge", held_judge)
+    kernel = build_kernel(config, backend=EchoBackend(), writer=lambda text: None)
+    try:
+        results = turns(kernel, ["hung-1", "hung-2", "hung-3", "fine"])
+        assert [r.status for r in results][-1] == "done"
+        assert all(r.status != "done" for r in results[:3])
+        assert kernel.replies._judges.replaced == 3
+    finally:
+        release.set()
+        run(kernel.aclose())
