@@ -62,11 +62,18 @@ def gone(pid: int) -> bool:
     """Whether process PID has ended (and was reaped), waiting at most WAIT seconds."""
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if gone_now(pid):
             return True
         time.sleep(0.01)
+    return False
+
+
+def gone_now(pid: int) -> bool:
+    """Whether process PID has ended (and was reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
     return False
 
 
@@ -259,7 +266,12 @@ def test_a_killed_parent_leaves_whole_writes_and_its_child_ends(tmp_path):
     parent = subprocess.run([sys.executable, "-c", PARENT, str(root)], capture_output=True,
                             text=True, timeout=WAIT * 3)
     assert parent.returncode == -signal.SIGKILL, parent.stderr
-    assert gone(int(parent.stdout.split()[0]))          # the child ended by itself
+    child = int(parent.stdout.split()[0])
+    try:
+        assert gone(child)                               # the child ended by itself
+    finally:
+        if not gone_now(child):
+            os.kill(child, signal.SIGKILL)
     path = root / "cli" / f"{THREAD.chat_id}.org"
     data = path.read_bytes()
     entries = strict_entries(data, len(data))
