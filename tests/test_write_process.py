@@ -368,3 +368,30 @@ def test_children_that_die_in_every_batch_leave_the_writes_to_the_thread(tmp_pat
         archive.submit([said("saved by the thread")]).result(WAIT)
         assert [r.text for r in archive.read_thread(THREAD)] == ["saved by the thread"]
         assert archive._write_process.started == write_process.MAX_FAILED_BATCHES
+
+
+def test_a_failure_in_the_child_is_named_by_its_type_only(monkeypatch):
+    """What the child answers for an unexpected failure is logged by the kernel, so it is
+    the exception's type, never its text (which may quote a message)."""
+    import pickle
+    import threading
+    from multiprocessing.connection import Connection
+
+    def failing(*args):
+        raise ValueError("secret words of a message")
+
+    monkeypatch.setattr(write_process, "_written", failing)
+    to_child, requests = os.pipe()
+    replies, from_child = os.pipe()
+    child = threading.Thread(target=write_process.serve_writes, args=(to_child, from_child))
+    child.start()
+    ask, hear = Connection(requests, readable=False), Connection(replies, writable=False)
+    try:
+        assert hear.poll(WAIT) and hear.recv_bytes() == write_process.READY
+        ask.send_bytes(pickle.dumps(([], [])))
+        assert hear.poll(WAIT) and pickle.loads(hear.recv_bytes()) == "ValueError"
+    finally:
+        ask.close()                          # the child's loop ends at end of input
+        child.join(WAIT)
+        hear.close()
+    assert not child.is_alive()

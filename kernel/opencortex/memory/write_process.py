@@ -333,7 +333,7 @@ def serve_writes(requests_fd: int, replies_fd: int) -> None:
         try:
             answer: Any = _written(*pickle.loads(request), tails)
         except Exception as error:         # not expected: the parent fails the batch
-            answer = f"{type(error).__name__}: {error}"
+            answer = type(error).__name__      # its text may quote a message: never logged
         replies.send_bytes(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL))
 
 
