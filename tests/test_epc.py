@@ -87,6 +87,19 @@ class FakeEmacs:
             time.sleep(0.01)
         raise AssertionError(f"{name} called {len(found)} times, expected {count}: {self.calls}")
 
+    def quiet(self, settle: float = 0.2, timeout: float = 10) -> None:
+        """Wait until the kernel has made no call for SETTLE seconds (at most TIMEOUT)."""
+        deadline = time.monotonic() + timeout
+        seen, since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            with self.lock:
+                count = len(self.calls)
+            if count != seen:
+                seen, since = count, time.monotonic()
+            elif time.monotonic() - since >= settle:
+                return
+            time.sleep(0.01)
+
     def close(self):
         try:   # end the reader with EOF: python-epc's reader fails on a file closed under it
             self.client.socket.shutdown(socket.SHUT_RD)     # (replies in flight still go)
@@ -230,7 +243,8 @@ def test_the_served_kernel_writes_files_in_a_child_process_and_says_so(start, ho
     stat_fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
     assert int(stat_fields[1]) == kernel.process.pid           # the kernel's own child
     assert b"sk-canary" not in Path(f"/proc/{child}/environ").read_bytes()
-    emacs.close()                        # before the kernel goes (python-epc's reader)
+    emacs.quiet()                        # no call of the kernel in flight, then
+    emacs.close()                        # closed before the kernel goes (python-epc's reader)
     assert kernel.stop() == 0
     deadline = time.monotonic() + 10
     while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
