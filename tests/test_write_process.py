@@ -32,6 +32,7 @@ from opencortex.memory import write_process
 from opencortex.memory.retention import forget
 from opencortex.memory.write_process import WriterStopped
 from test_archive_crash import strict_entries, whole_writes
+from test_emacs_e2e import gone
 
 WAIT = 20.0                      # seconds any one wait may take
 THREAD = Thread("cli", "in-a-process")
@@ -56,25 +57,6 @@ def child_of(archive: Archive) -> int:
     pid = archive._write_process.pid
     assert pid is not None and pid != os.getpid()
     return pid
-
-
-def gone(pid: int) -> bool:
-    """Whether process PID has ended (and was reaped), waiting at most WAIT seconds."""
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        if gone_now(pid):
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def gone_now(pid: int) -> bool:
-    """Whether process PID has ended (and was reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def paused(pid: int) -> bool:
@@ -119,7 +101,7 @@ def test_a_child_killed_mid_batch_fails_that_batch_and_the_next_starts_a_new_one
     with pytest.raises(WriterStopped, match=r"stopped \(killed by signal 9\) while saving; "
                                             "this turn was not confirmed saved"):
         pending.result(WAIT)
-    assert gone(pid)
+    assert gone(pid, WAIT)
     after = archive.submit([said("after")]).result(WAIT)
     assert child_of(archive) != pid and archive._write_process.started == 2
     assert [r.text for r in archive.thread_records(THREAD)] == ["before", "after"]
@@ -138,7 +120,7 @@ def test_a_hung_child_fails_its_batch_within_the_timeout_and_is_killed(tmp_path)
         with pytest.raises(WriterStopped, match=r"did not answer within 0.5 s"):
             archive.submit([said("stuck")]).result(WAIT)
         assert time.monotonic() - started < WAIT
-        assert gone(pid)                      # killed and reaped, not left stopped
+        assert gone(pid, WAIT)                      # killed and reaped, not left stopped
         archive.submit([said("then")]).result(WAIT)
         assert [r.text for r in archive.thread_records(THREAD)] == ["first", "then"]
 
@@ -210,7 +192,7 @@ def test_a_child_that_died_while_idle_costs_nothing(archive):
     while state_of(pid) != "Z" and time.monotonic() < deadline:    # dead, not yet reaped
         time.sleep(0.005)
     assert archive.submit([said("after")]).result(WAIT).records     # a new one is started
-    assert gone(pid) and archive._write_process.started == 2
+    assert gone(pid, WAIT) and archive._write_process.started == 2
     assert [r.text for r in archive.read_thread(THREAD)] == ["before", "after"]
 
 
@@ -241,7 +223,7 @@ def test_closing_ends_the_child(tmp_path):
     archive.submit([said("one")]).result(WAIT)
     pid = child_of(archive)
     archive.close()
-    assert gone(pid)
+    assert gone(pid, WAIT)
     assert archive.writes_report() == "in a process of their own (started with the next write)"
 
 
@@ -268,9 +250,9 @@ def test_a_killed_parent_leaves_whole_writes_and_its_child_ends(tmp_path):
     assert parent.returncode == -signal.SIGKILL, parent.stderr
     child = int(parent.stdout.split()[0])
     try:
-        assert gone(child)                               # the child ended by itself
+        assert gone(child, WAIT)                         # the child ended by itself
     finally:
-        if not gone_now(child):
+        if not gone(child, 0):
             os.kill(child, signal.SIGKILL)
     path = root / "cli" / f"{THREAD.chat_id}.org"
     data = path.read_bytes()

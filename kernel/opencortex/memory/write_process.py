@@ -157,21 +157,18 @@ class WriteProcess:
 
     def _exchange(self, files: list[_Pending]) -> list[Written]:
         """Send FILES, wait for the answer and put it on their jobs; what was written."""
-        jobs: dict[int, Job] = {}
-        for pending in files:
-            for job, _ in pending.parts:
-                jobs.setdefault(id(job), job)
-        order = {key: number for number, key in enumerate(jobs)}
+        jobs = list(dict.fromkeys(job for pending in files for job, _ in pending.parts))
+        order = {job: number for number, job in enumerate(jobs)}     # jobs hash by identity
         request = ([(p.thread, str(p.path), p.name,
-                     [(order[id(job)], positions) for job, positions in p.parts])
+                     [(order[job], positions) for job, positions in p.parts])
                     for p in files],
-                   [(job.messages, job.ids, job.now) for job in jobs.values()])
+                   [(job.messages, job.ids, job.now) for job in jobs])
         answer = self._ask(pickle.dumps(request, pickle.HIGHEST_PROTOCOL))
         if isinstance(answer, str):                # the child's own unexpected failure
             raise WriterStopped(f"the archive's writer process failed ({answer}); this "
                                 "turn was not saved", reason=answer)
         outcomes, written = answer
-        for job, (records, before, error) in zip(jobs.values(), outcomes):
+        for job, (records, before, error) in zip(jobs, outcomes):
             job.records = records
             job.before = before
             if error is not None:
