@@ -13,7 +13,11 @@ in most messages (greetings, thanks, questions).  Facts are planted in kinds:
 - ``changed``: stated, then replaced later; only the newest statement counts;
 - ``when``: the question asks when it happened (the date shown is the answer);
 - ``dated``: the same kind of event happens several times; the question names
-  the period ("last week", "in March") and only the event in it counts.
+  the period ("last week", "in March") and only the event in it counts;
+- ``about``: someone else says it of the person the question names.
+
+Many statements use an irregular verb the question puts in another form
+("bought" / "buy", "met" / "meet", "broke" / "break", "ran" / "run").
 
 Other owners' threads (much larger, other topics, other people) share the
 index: they change whole-table word statistics but must never be recalled.
@@ -94,6 +98,12 @@ TEMPLATES = {
     "paint": ("single", ["{o} I painted a {subject} for the {event}"],
               "What did {p} paint for the {event}?"),
     "bake": ("dated", ["{o}, I baked a {cake} for my neighbours"], "What did {p} bake {period}?"),
+    "meet": ("single", ["Guess who I met at the {event}, {o}: my old teacher {petname}!"],
+             "Who did {p} meet at the {event}?"),
+    "buy": ("single", ["{o}, I finally bought a second-hand {instrument}"],
+            "What did {p} buy?"),
+    "break": ("about", ["Did you hear {p} broke an arm skiing in {country}?"],
+              "What did {p} break?"),
 }
 
 
@@ -168,7 +178,9 @@ class _Builder:
             q = Question(kind, _fill(question, {"p": person, **values}))
             chosen = self.rng.sample(own, min(len(statements), len(own)))
             for session, statement in zip(chosen, statements):
-                self.plant(session, person, _fill(statement, {**values, "o": partner(session)}), q)
+                speaker = partner(session) if kind == "about" else person
+                self.plant(session, speaker, _fill(statement, {
+                    **values, "o": partner(session), "p": person}), q)
         self.questions.append(q)
 
     def _dated(self, person: str, own: list[int], statement: str, question: str) -> None:

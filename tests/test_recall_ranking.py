@@ -15,7 +15,9 @@ from opencortex.conversation.recalldates import date_hint
 from opencortex.events import Thread
 from opencortex.memory import Archive
 from opencortex.memory import ranking
+from opencortex.memory.index import SCHEMA_VERSION
 from opencortex.memory.query import query_words
+from opencortex.memory.retention import forget
 
 from test_recall import archive, control, say  # noqa: F401  (archive: a fixture)
 
@@ -52,6 +54,110 @@ def test_each_owner_has_its_own_table_and_a_configured_owner_moves_there(archive
     db.close()
 
 
+# -- who said it -------------------------------------------------------------------
+
+
+def chat(archive, thread, turns, start=1_700_000_000.0):
+    """Archive TURNS, (sender, text) pairs a minute apart; their records."""
+    return archive.append([say(text, thread, sender=sender, timestamp=start + 60 * n)
+                           for n, (sender, text) in enumerate(turns)])
+
+
+def test_what_the_person_named_said_comes_before_messages_that_greet_them(archive):
+    greetings = [("Melanie", f"Bye Caroline, say hi to the shelter folks {n}")
+                 for n in range(30)]
+    records = chat(archive, CLI, greetings + [
+        ("Caroline", "I gave my old bikes to the shelter this morning"),
+        ("Melanie", "the shelter near me is closing, Caroline")])
+    answer = records[-2]
+    recall = Recall(archive, {})
+    [best, *_] = recall.recall(EMACS, "What did Caroline give the shelter?", k=5)
+    assert best.id == answer.id
+    assert archive.speakers("What did Caroline's friend say?") == ["Caroline"]
+    assert archive.speakers("what about the shelter") == []
+
+
+def test_a_named_person_and_now_bring_their_newest_statement(archive):
+    talk = [("Rosa", "Sorry Tobias, was busy with work all week")] * 12
+    old, new = "Tobias, I started working as a nurse at Brightwell", \
+        "Big news Tobias: I switched jobs, working as a carpenter at Castellan now"
+    records = chat(archive, CLI, [("Rosa", old)] + talk + [("Rosa", new)] +
+                   [("Tobias", f"Sorry Rosa, was busy with work all week {n}")
+                    for n in range(12)])
+    recalled = Recall(archive, {}).recall(EMACS, "Where does Rosa work now?", k=3)
+    assert recalled[0].id == records[13].id
+    texts = [e.text.split("] ", 1)[1] for e in recalled]
+    assert len(texts) == len(set(texts))           # the repeated small talk came once
+
+
+def test_a_sender_word_names_them_only_within_the_owners_scope(archive):
+    chat(archive, ALICE, [("Zorro", "the cave map is under the stone")])
+    chat(archive, CLI, [("me", "the cave trip was fun"), ("me", "a map of the cave")])
+    recall = Recall(archive, {})
+    assert archive.speakers("what did Zorro say about the cave", owners={"local"}) == []
+    recalled = recall.recall(CLI, "What did Zorro say about the cave map?", k=5)
+    assert recalled and all(e.id and "Zorro" not in e.text and "stone" not in e.text
+                            for e in recalled)
+    assert "people named" not in recall.explain(CLI, "What did Zorro say about the cave map?")
+    assert recall.recall(ALICE, "What did Zorro say about the cave?", k=1)[0].text.endswith(
+        "the cave map is under the stone")
+
+
+def test_a_matrix_id_is_named_by_its_localpart_and_explain_says_so(archive):
+    chat(archive, CLI, [("@alice:example.org", "my locker code is 4711"),
+                        ("@bob:example.org", "alice, what is your locker code again?"),
+                        ("@bob:example.org", "my locker code is 1234")])
+    recall = Recall(archive, {})
+    [best, *_] = recall.recall(EMACS, "what is alice's locker code", k=3)
+    assert best.text.endswith("my locker code is 4711")
+    text = recall.explain(EMACS, "what is alice's locker code")
+    assert "people named: alice (what they said comes first)" in text
+    assert "user @alice:example.org; matched: locker, code" in text
+
+
+def test_a_forgotten_thread_names_its_senders_no_more_and_a_moved_one_takes_them(archive):
+    chat(archive, EMACS, [("Zorro", "the cave map is under the stone")])
+    chat(archive, CLI, [("Dev", "the cave trip was fun")])
+    chat(archive, ALICE, [("Ines", "my cave photos are online")])
+    assert archive.speakers("Zorro Dev Ines", owners={"local"}) == ["Zorro", "Dev"]
+    assert forget(archive, EMACS) == 1
+    assert archive.speakers("Zorro Dev Ines", owners={"local"}) == ["Dev"]
+    Recall(archive, {"telegram:1001": "local"})          # Alice's chat becomes the local owner's
+    assert archive.speakers("Zorro Dev Ines", owners={"local"}) == ["Dev", "Ines"]
+    assert archive.speakers("Ines", owners={"telegram:1001"}) == []
+    assert archive.reindex() == 2                        # a rebuilt index knows them again
+    assert archive.speakers("Zorro Dev Ines", owners={"local"}) == ["Dev", "Ines"]
+
+
+@pytest.mark.parametrize("question, text", [
+    ("When did she run the marathon?", "I ran the Berlin marathon in April"),
+    ("What did he buy?", "finally bought a second-hand cello"),
+    ("Who did they meet at the fair", "we met my old teacher at the fair"),
+    ("what was written there", "she wrote the address on a napkin"),
+])
+def test_an_irregular_verb_finds_its_other_forms(archive, question, text):
+    archive.append([say(text, CLI), say("unrelated small talk about nothing", CLI)])
+    assert [h.text for h in archive.search(question)] == [text]
+
+
+def test_verb_forms_only_with_the_english_stemmer(tmp_path):
+    with Archive(tmp_path / "plain", tokenizer="unicode61") as plain:
+        plain.append([say("I ran the Berlin marathon", CLI)])
+        assert plain.search("run") == []
+        assert [h.text for h in plain.search("ran")] == ["I ran the Berlin marathon"]
+
+
+def test_repeated_small_talk_is_recalled_once(archive):
+    chat(archive, CLI, [("Dev", "see you at the pottery class!")] * 12 +
+         [("Dev", "the pottery class moved to Thursdays")])
+    texts = [e.text.split("] ", 1)[1] for e in
+             Recall(archive, {}).recall(EMACS, "pottery class", k=5)]
+    assert sorted(texts) == ["see you at the pottery class!",
+                             "the pottery class moved to Thursdays"]
+    assert len(archive.search("pottery class", limit=5)) == 5          # search keeps them
+    assert len(archive.search("pottery class", limit=5, distinct=True)) == 2
+
+
 @pytest.mark.parametrize("question, text", [
     ("what did she donate", "she donated two coats"),
     ("where did they hike", "we went hiking up the ridge"),
@@ -67,22 +173,27 @@ def test_query_words_drop_punctuation_and_possessives():
                                                                  "cat", "don't"]
 
 
-def test_an_index_of_the_old_schema_is_rebuilt_on_open(tmp_path):
+@pytest.mark.parametrize("version, layout", [
+    (1, "CREATE VIRTUAL TABLE fts USING fts5 (text, thread)"),        # one shared table
+    (2, "CREATE VIRTUAL TABLE fts_1 USING fts5 (text, thread)"),      # no sender column
+])
+def test_an_index_of_an_older_schema_is_rebuilt_on_open(tmp_path, version, layout):
     root = tmp_path / "memory"
     with Archive(root) as archive:
-        archive.append([say("the donated piano", CLI)])
+        archive.append([say("the donated piano", CLI, sender="Caroline")])
     db = sqlite3.connect(root / "index.sqlite")
     for (name,) in db.execute("SELECT name FROM sqlite_master WHERE name GLOB 'fts_[0-9]*' "
                               "AND sql LIKE 'CREATE VIRTUAL%'").fetchall():
         db.execute(f"DROP TABLE {name}")
-    db.execute("CREATE VIRTUAL TABLE fts USING fts5 (text, thread)")   # the version 1 layout
-    db.execute("PRAGMA user_version = 1")
+    db.execute(layout)
+    db.execute(f"PRAGMA user_version = {version}")
     db.commit()
     db.close()
     with Archive(root) as reopened:
         assert [h.text for h in reopened.search("donate")] == ["the donated piano"]
+        assert reopened.speakers("what did Caroline donate") == ["Caroline"]
     db = sqlite3.connect(root / "index.sqlite")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'fts'").fetchone()[0] == 0
     db.close()
 

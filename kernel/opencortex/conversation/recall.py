@@ -19,9 +19,14 @@ by where and when they were said, so the user can see what was recalled::
 Ranking: each owner's messages are scored with that owner's own word
 statistics (see `opencortex.memory.partitions`).  A date expression in the
 question ("last week", "in March", "2026-03-14") searches that period first;
-"now" / "currently" put newer matches ahead (a fact that changed).  A hit
-that is a question brings the reply after it, and a reply the question before
-it ("next to a recalled message"), after the K best.  `explain` says what was
+"now" / "currently" put newer matches ahead (a fact that changed).  A word
+that names a sender in scope ("What did Caroline give?") first searches what
+that person said for the other words, then everything: in a chat a name in
+the text mostly greets the person addressed ("Bye Caroline!"), and the one
+asked about is the one who said it.  A text repeated word for word (small
+talk) is recalled once.  A hit that is a question brings the reply after it,
+and a reply the question before it ("next to a recalled message"), after the
+K best.  `explain` says what was
 recalled and why, for /recall.
 
 Dense recall (optional, see `dense`): with an embedding model configured, the
@@ -48,6 +53,7 @@ from opencortex.conversation.recalldates import DateHint, date_hint
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
+from opencortex.memory.query import query_words
 
 if TYPE_CHECKING:
     from opencortex.conversation.dense import DenseRecall
@@ -229,24 +235,47 @@ class Recall:
         thread = Thread(*thread)
         allowed = {self.owner(thread), *self.shared_owners}
         words = recall_query(hint.text) if hint.text.strip() else recall_query(query)
-        if self.archive.partition == self.owner:     # its tables are these owners' threads
-            where: dict = {"owners": allowed}
-        else:                                        # another partition was set since
-            where = {"threads": self.scope(thread)}
-        search = partial(self.archive.search, words, exclude_ids=exclude_ids,
-                         snippets=snippets, **where)
-        undated = partial(search, informative_only=informative_only)   # no period asked
+        where = self._where(thread, allowed)
+        named, rest = self._named(words, where)
+        search = partial(self.archive.search, exclude_ids=exclude_ids, snippets=snippets,
+                         distinct=True, **where)
+
+        def tiers(**options) -> tuple[list[SearchHit], list[SearchHit]]:
+            """What the people named said, then every match (both ranked by OPTIONS).
+            What a named person said is worth recalling even when every word is
+            very common: then their newest matches (see `RankedSearch.search`)."""
+            said = search(rest, senders=named, **{**options, "informative_only": False}) \
+                if named else []
+            return said, search(words, **options)
         if hint.window is None and not hint.recent and self.dense is None:
             # Then the K best are the first K of the candidates, and only those are read,
-            # unless merged copies or hits outside the scope leave fewer than K of them.
-            first = undated(limit=k, candidates=CANDIDATES * k)
-            kept = self._kept(thread, allowed, first, hint, query, exclude_ids)
-            if len(kept) >= k or len(first) < k:
+            # unless copies or hits outside the scope leave fewer than K of them.
+            said, general = tiers(limit=k, candidates=CANDIDATES * k,
+                                  informative_only=informative_only)
+            kept = self._kept(thread, allowed, said + general, hint, query, exclude_ids)
+            if len(kept) >= k or (len(said) < k and len(general) < k):
                 return kept[:k], hint
-        found = [] if hint.window is None else search(limit=2 * k, window=hint.window)
-        general = undated(limit=CANDIDATES * k)
-        found += _newer_first(general) if hint.recent else general
+        found: list[SearchHit] = []
+        if hint.window is not None:       # a period named is searched either way
+            found += sum(tiers(limit=2 * k, window=hint.window), [])
+        for tier in tiers(limit=CANDIDATES * k, informative_only=informative_only):
+            found += _newer_first(tier) if hint.recent else tier
         return self._kept(thread, allowed, found, hint, query, exclude_ids)[:k], hint
+
+    def _where(self, thread: Thread, allowed: set[str]) -> dict:
+        """The search scope of THREAD, whose ALLOWED owners are known: by owners while
+        the index's tables are these owners' (see `partitions`), else by threads."""
+        if self.archive.partition == self.owner:
+            return {"owners": allowed}
+        return {"threads": self.scope(thread)}
+
+    def _named(self, words: str, where: dict) -> tuple[list[str], str]:
+        """The words of WORDS that name a sender in scope (WHERE), and the other words:
+        "Where does Caroline work" asks what Caroline said about work, first.  No
+        one is named when no other word is left."""
+        named = self.archive.speakers(words, **where)
+        rest = [word for word in query_words(words) if word not in named]
+        return (named, " ".join(rest)) if named and rest else ([], words)
 
     def _kept(self, thread: Thread, allowed: set[str], found: list[SearchHit],
               hint: DateHint, query: str, exclude_ids: Collection[str]) -> list[Ranked]:
@@ -290,7 +319,13 @@ class Recall:
         hit its score, date, where, the words it matched and its text (for /recall);
         with dense recall, which ranking found each hit and the fused score."""
         ranked, hint = self.ranked(thread, query, k=k, snippets=True)
-        lines = [f"searched for: {recall_query(hint.text) or recall_query(query)}"]
+        words = recall_query(hint.text) or recall_query(query)
+        lines = [f"searched for: {words}"]
+        thread = Thread(*thread)
+        named, _ = self._named(words, self._where(thread, {self.owner(thread),
+                                                            *self.shared_owners}))
+        if named:
+            lines.append(f"people named: {', '.join(named)} (what they said comes first)")
         if self.dense is not None:
             lines.append(f"ranking: {self.dense.describe()}")
             if ranked and ranked[0].fused is None and self.dense.off is None:
@@ -306,7 +341,8 @@ class Recall:
             terms = ", ".join(dict.fromkeys(t.lower() for t in _MARKED.findall(hit.snippet)))
             when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d %H:%M")
             text = " ".join(hit.text.split())
-            lines.append(f"{number}. {self._why(item)}, {when}, {hit.thread}, {hit.role}; "
+            said = f" {' '.join(hit.sender.split())[:40]}" if hit.sender else ""
+            lines.append(f"{number}. {self._why(item)}, {when}, {hit.thread}, {hit.role}{said}; "
                          f"matched: {terms or '-'}\n   {text[:140]}")
         return "\n".join(lines) if ranked else "\n".join(lines + ["Nothing recalled."])
 

@@ -37,20 +37,20 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opencortex.events import Thread
+from opencortex.memory.archive_queries import ArchiveQueries, check_limit
 from opencortex.memory.index import MessageIndex
 from opencortex.memory.layout import ThreadFiles, org_files, threads_under
 from opencortex.memory.partitions import DEFAULT_TOKENIZER, Partition
 from opencortex.memory.readers import Readers, searching
 from opencortex.memory.completeness import parse_thread_file
-from opencortex.memory.records import (MessageRecord, NewMessage, SearchHit, check_scope,
-                                       check_thread, check_unicode)
+from opencortex.memory.records import MessageRecord, NewMessage, check_thread
 from opencortex.memory.threadfile import ArchiveError, Tails, locked, read_range, settle_tail
 from opencortex.memory.writer import Appended, GroupWriter, Job, plan, write_files
 
@@ -60,18 +60,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INDEX_NAME = "index.sqlite"
-MAX_HITS = 1000              # most search hits returned at once
 MESSAGE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}")   # an id given to `append`
 
 
-def _check_limit(limit: int) -> int:
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-        raise ValueError(f"limit must be a whole number >= 0, not {limit!r}")
-    return limit
-
-
-class Archive:
-    """Remembered messages: org files per thread plus a SQLite FTS5 index."""
+class Archive(ArchiveQueries):
+    """Remembered messages: org files per thread plus a SQLite FTS5 index (searched
+    as `ArchiveQueries` says)."""
 
     def __init__(self, root: Path, *, read_only: bool = False,
                  tokenizer: str = DEFAULT_TOKENIZER):
@@ -280,7 +274,7 @@ class Archive:
     def history(self, thread: Thread, limit: int = 20) -> list[MessageRecord]:
         """The last LIMIT messages of THREAD, oldest first (from the index)."""
         thread = check_thread(thread)
-        limit = _check_limit(limit)
+        limit = check_limit(limit)
         with self._lock:
             return self._index.history(thread, limit) if limit else []
 
@@ -293,56 +287,6 @@ class Archive:
             if path.exists():
                 self._catch_up_file(path, self._index.file_sizes().get(self._name(path)))
             return self._index.thread_records(thread)
-
-    def search(self, query: str, *, thread: Thread | None = None,
-               threads: Sequence[Thread] | None = None, limit: int = 10,
-               exclude_ids: Collection[str] = (),
-               window: tuple[float, float] | None = None,
-               snippets: bool = True, candidates: int | None = None,
-               owners: Collection[str] | None = None,
-               informative_only: bool = False) -> list[SearchHit]:
-        """Messages matching the words of QUERY, best first (BM25).
-
-        Any word matches (OR); at most 1000 hits.  Scores are -bm25: higher is
-        better.  With THREAD and/or THREADS, only messages of those threads (both
-        together: their union; an empty THREADS alone: nothing).  With OWNERS
-        instead, only messages of the threads `set_partition` gave those owners
-        (at a cost that does not grow with their number of threads).  Messages whose
-        id is in EXCLUDE_IDS and control records are left out.  Very common words
-        are skipped while rarer ones remain (see `MessageIndex.search`).  WINDOW
-        (start, end epoch seconds): only messages said in that span.  Without
-        SNIPPETS, each hit's snippet is "" (a snippet costs a search of its own).
-        CANDIDATES: the first LIMIT hits of a search for that many (fewer read).
-        INFORMATIVE_ONLY: nothing when every word is very common (instead of the newest
-        matches of those words).
-        """
-        if not isinstance(query, str):
-            raise TypeError(f"query must be text, not {type(query).__name__}")
-        check_unicode(query, "search query")
-        scope = check_scope(thread, threads, owners)
-        if isinstance(exclude_ids, str):
-            raise TypeError("exclude_ids must be a collection of ids, not one string")
-        limit = min(_check_limit(limit), MAX_HITS)
-        if not limit:
-            return []
-        candidates = min(max(limit, _check_limit(candidates or limit)), MAX_HITS)
-        with self._reading() as index:
-            return index.search(query, scope, limit, exclude_ids, window, snippets=snippets,
-                                candidates=candidates, owners=owners,
-                                informative_only=informative_only)
-
-    def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
-        """The messages just before and after MESSAGE_ID in its thread (None: none)."""
-        return self.neighbours_of([message_id]).get(message_id, (None, None))
-
-    def neighbours_of(self, message_ids: Iterable[str], *, after_of: Iterable[str] | None = None,
-                      before_with: str | None = None
-                      ) -> dict[str, tuple[MessageRecord | None, MessageRecord | None]]:
-        """`neighbours` of each of MESSAGE_IDS, read together (an unknown id is left
-        out); the message after only for the ids in AFTER_OF (default: all), the one
-        before (with BEFORE_WITH) only when its text holds BEFORE_WITH."""
-        with self._reading() as index:
-            return index.neighbours_of(message_ids, after_of=after_of, before_with=before_with)
 
     def _reading(self) -> AbstractContextManager[MessageIndex]:
         """The index a search reads (see `readers.searching`)."""

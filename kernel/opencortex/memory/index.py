@@ -7,8 +7,9 @@ dropped and rebuilt at any time.  Tables:
   a thread is the order of its file);
 - `fts_N`: one FTS5 table per partition (an owner, see `partitions`) over
   the message text, with the thread as a single opaque token in its own
-  column so `thread:(A OR B) AND text:(...)` narrows fast.  Ranking (bm25)
-  thus uses the owner's own word statistics.  Control records (a
+  column so `thread:(A OR B) AND text:(...)` narrows fast, and the sender in
+  a third (a filter too: what a named person said, see `RankedSearch`).
+  Ranking (bm25) thus uses the owner's own word statistics.  Control records (a
   branch/head/pin note, marked by a CONTROL extra property) are kept in
   `messages` but never put in an FTS table: search cannot return them;
 - `files`: for each org file, how many of its bytes are known to be indexed;
@@ -41,7 +42,7 @@ from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_field
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE messages (
     seq INTEGER PRIMARY KEY,
@@ -55,9 +56,11 @@ CREATE TABLE files (path TEXT PRIMARY KEY, size INTEGER NOT NULL);
 CREATE TABLE parts (name TEXT PRIMARY KEY, tab INTEGER NOT NULL UNIQUE);
 CREATE TABLE thread_parts (channel TEXT NOT NULL, chat_id TEXT NOT NULL, part TEXT NOT NULL,
                            PRIMARY KEY (channel, chat_id));
+CREATE TABLE senders (tab INTEGER NOT NULL, sender TEXT NOT NULL, PRIMARY KEY (tab, sender))
+    WITHOUT ROWID;
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-_TABLES = ("messages", "files", "parts", "thread_parts", "meta")
+_TABLES = ("messages", "files", "parts", "thread_parts", "senders", "meta")
 
 
 class MessageIndex(RankedSearch):
@@ -254,8 +257,10 @@ class MessageIndex(RankedSearch):
                 if not is_control(rec.extra):
                     table = self._parts.table_of(rec.thread)
                     self._db.execute(
-                        f"INSERT INTO {table} (rowid, text, thread) VALUES (?, ?, ?)",
-                        (cursor.lastrowid, rec.text, thread_token(rec.thread)))
+                        f"INSERT INTO {table} (rowid, text, thread, sender) VALUES (?, ?, ?, ?)",
+                        (cursor.lastrowid, rec.text, thread_token(rec.thread), rec.sender))
+                    if rec.sender:
+                        self._parts.note_sender(table, rec.sender)
                 added += 1
         return added
 

@@ -11,7 +11,10 @@ given the recall configuration's owner function) decides, per thread.
 Tables:
 
 - ``parts (name, tab)``: partition name -> the number N of its table ``fts_N``;
-- ``thread_parts (channel, chat_id, part)``: which partition each thread is in.
+- ``thread_parts (channel, chat_id, part)``: which partition each thread is in;
+- ``senders (tab, sender)``: who sent messages in each table, so a question's
+  word can be known to name a sender without a search (`sender_words`); the
+  ``senders`` row of ``meta`` counts its changes.
 
 The partition shapes ranking, and lets recall search an owner's table whole
 (`RankedSearch.search` by owners) at a cost that does not grow with the owner's
@@ -24,9 +27,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import sqlite3
 import time
-from collections.abc import Callable, Collection
+import unicodedata
+from collections.abc import Callable, Collection, Iterable
 
 from opencortex.events import Thread
 
@@ -38,8 +43,10 @@ TOKENIZERS = {
 }
 DEFAULT_TOKENIZER = "porter"
 SHARED_TTL = 1.0            # seconds a table's thread count is reused, at most
-BM25_WEIGHTS = "1.0, 0.0"   # bm25 weights of the columns: text, thread (a filter only)
+BM25_WEIGHTS = "1.0, 0.0, 0.0"   # bm25 weights of the columns: text; thread and sender
+                                 # are filters only
 NOT_CONTROL = "json_extract(extra, '$.CONTROL') IS NULL"
+_WORD = re.compile(r"\w+")
 
 Partition = Callable[[Thread], str]
 
@@ -49,6 +56,13 @@ def default_partition(thread: Thread) -> str:
     threads, else the thread itself ("telegram:123")."""
     thread = Thread(*thread)
     return LOCAL_PARTITION if thread.channel in LOCAL_CHANNELS else str(thread)
+
+
+def folded_words(text: str) -> list[str]:
+    """The words of TEXT as the tokenizers compare them: case and diacritics folded
+    ("José" -> "jose"; "@alice:example.org" -> alice, example, org)."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    return _WORD.findall("".join(c for c in decomposed if not unicodedata.combining(c)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -80,6 +94,7 @@ class Partitions:
         self._tables: dict[Thread, str] = {}
         self._named: dict[str, str] = {}                  # partition name -> its table
         self._shared: dict[str, tuple[int, float]] = {}   # table -> (threads, when counted)
+        self._senders: tuple[str | None, dict[str, frozenset[str]]] = (None, {})
 
     def attach(self, db: sqlite3.Connection) -> None:
         """Work on the index connection DB from now on."""
@@ -91,6 +106,7 @@ class Partitions:
         self._tables.clear()
         self._named.clear()
         self._shared.clear()
+        self._senders = (None, {})
 
     def table_of(self, thread: Thread) -> str:
         """The FTS table THREAD's messages go to (made, and the thread recorded, if new)."""
@@ -150,7 +166,7 @@ class Partitions:
         if known is None or now - known[1] > SHARED_TTL:
             count = self._db.execute(
                 "SELECT count(*) FROM thread_parts JOIN parts ON part = name WHERE tab = ?",
-                (int(table.removeprefix("fts_")),)).fetchone()[0]
+                (_number(table),)).fetchone()[0]
             known = self._shared[table] = (count, now)
         return known[0]
 
@@ -162,10 +178,54 @@ class Partitions:
         number = self._db.execute("SELECT coalesce(max(tab), 0) + 1 FROM parts").fetchone()[0]
         self._db.execute("INSERT INTO parts (name, tab) VALUES (?, ?)", (part, number))
         self._db.execute(f"CREATE VIRTUAL TABLE fts_{number} USING fts5 "
-                         f"(text, thread, tokenize = '{TOKENIZERS[self.tokenizer]}')")
+                         f"(text, thread, sender, tokenize = '{TOKENIZERS[self.tokenizer]}')")
         self._db.execute(f"INSERT INTO fts_{number} (fts_{number}, rank) "
                          f"VALUES ('rank', 'bm25({BM25_WEIGHTS})')")
         return number
+
+    # -- senders -------------------------------------------------------------
+
+    def note_sender(self, table: str, sender: str) -> None:
+        """Record that SENDER has messages in TABLE (a new pair counts a change)."""
+        if self._db.execute("INSERT OR IGNORE INTO senders (tab, sender) VALUES (?, ?)",
+                            (_number(table), sender)).rowcount:
+            self._db.execute("INSERT INTO meta (key, value) VALUES ('senders', 1) ON CONFLICT"
+                             "(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1")
+
+    def sender_words(self, tables: Iterable[str]) -> dict[str, frozenset[str]]:
+        """For each of TABLES, the folded words (see `folded_words`) of its senders;
+        read again only when the senders changed (one lookup of their change count)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'senders'").fetchone()
+        changes = None if row is None else str(row[0])
+        known, words = self._senders
+        if changes != known:
+            words = {}
+            self._senders = (changes, words)
+        for table in tables:
+            if table not in words:
+                words[table] = frozenset(word for (sender,) in self._db.execute(
+                    "SELECT sender FROM senders WHERE tab = ?", (_number(table),))
+                    for word in folded_words(sender))
+        return words
+
+    def _drop_senders(self, table: str, senders: Iterable[str]) -> None:
+        """Forget those of SENDERS that no message left in TABLE was sent by."""
+        gone = [sender for sender in senders if not self._db.execute(
+            f"SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT 1",
+            ("sender:" + '"' + sender.replace('"', '""') + '"',)).fetchone()]
+        for sender in gone:
+            self._db.execute("DELETE FROM senders WHERE tab = ? AND sender = ?",
+                             (_number(table), sender))
+        if gone:
+            self._db.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 "
+                             "WHERE key = 'senders'")
+
+    def _senders_of(self, where: str, values: tuple) -> list[str]:
+        return [sender for (sender,) in self._db.execute(
+            f"SELECT DISTINCT sender FROM messages WHERE {where} AND sender IS NOT NULL "
+            f"AND {NOT_CONTROL}", values)]
+
+    # -- moving and deleting --------------------------------------------------
 
     def moves(self, partition: Partition) -> list[tuple[Thread, str]]:
         """Threads whose partition under PARTITION differs from the recorded one."""
@@ -176,14 +236,19 @@ class Partitions:
     def move(self, thread: Thread, part: str) -> None:
         """Move THREAD's searchable messages to partition PART's table."""
         old = self.table_of(thread)
+        senders = self._senders_of("channel = ? AND chat_id = ?", tuple(thread))
         self._db.execute(f"DELETE FROM {old} WHERE rowid IN (SELECT seq FROM messages "
                          "WHERE channel = ? AND chat_id = ?)", tuple(thread))
+        self._drop_senders(old, senders)
         new = f"fts_{self._table_number(part)}"
         self._db.execute("UPDATE thread_parts SET part = ? WHERE channel = ? AND chat_id = ?",
                          (part, *thread))
-        self._db.execute(f"INSERT INTO {new} (rowid, text, thread) SELECT seq, text, ? "
-                         f"FROM messages WHERE channel = ? AND chat_id = ? AND {NOT_CONTROL}",
+        self._db.execute(f"INSERT INTO {new} (rowid, text, thread, sender) "
+                         f"SELECT seq, text, ?, sender FROM messages "
+                         f"WHERE channel = ? AND chat_id = ? AND {NOT_CONTROL}",
                          (thread_token(thread), *thread))
+        for sender in senders:
+            self.note_sender(new, sender)
         self._tables[Thread(*thread)] = new
 
     def delete_file(self, file: str) -> None:
@@ -193,6 +258,14 @@ class Partitions:
         for channel, chat_id in threads:
             table = self.known_table(Thread(channel, chat_id))
             if table is not None:
+                senders = self._senders_of("file = ? AND channel = ? AND chat_id = ?",
+                                           (file, channel, chat_id))
                 self._db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT seq FROM messages "
                                  "WHERE file = ? AND channel = ? AND chat_id = ?)",
                                  (file, channel, chat_id))
+                self._drop_senders(table, senders)
+
+
+def _number(table: str) -> int:
+    """The number N of the table "fts_N"."""
+    return int(table.removeprefix("fts_"))

@@ -1,12 +1,15 @@
 """User text as a safe FTS5 query: its words, quoted, without punctuation or "'s".
 
 Quoting makes every FTS5 operator and special character plain text, so no
-syntax error can arise; the tokenizer then splits and stems each phrase.
+syntax error can arise; the tokenizer then splits and stems each phrase (and
+irregular verbs bring their other forms, see `verbforms`).
 """
 
 from __future__ import annotations
 
 import re
+
+from opencortex.memory.verbforms import other_forms
 
 MAX_QUERY_TERMS = 32
 _POSSESSIVE = re.compile(r"(?<=\w)['\u2019][sS]?$")
@@ -24,13 +27,19 @@ def query_words(text: str) -> list[str]:
     return list(dict.fromkeys(words))[:MAX_QUERY_TERMS]
 
 
-def query_phrases(text: str) -> list[str]:
-    """The words of user text as quoted FTS5 phrases (see `query_words`).
+def query_phrases(text: str, *, verb_forms: bool = False) -> list[str]:
+    """The words of user text as quoted FTS5 phrases (see `query_words`); with
+    VERB_FORMS (a tokenizer that stems English), each irregular verb's other forms
+    too, after the words ("ran" -> "ran", ..., "run").
 
     Quoting makes every FTS5 operator and special character plain text, so no
     syntax error can arise.
     """
-    return ['"' + word.replace('"', '""') + '"' for word in query_words(text)]
+    words = query_words(text)
+    if verb_forms:
+        words = list(dict.fromkeys(words + [form for word in words
+                                            for form in other_forms(word)]))
+    return ['"' + word.replace('"', '""') + '"' for word in words]
 
 
 def match_query(text: str) -> str | None:

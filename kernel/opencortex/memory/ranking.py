@@ -16,8 +16,8 @@ from collections.abc import Set as AbstractSet
 from contextlib import closing
 
 from opencortex.events import Thread
-from opencortex.memory.partitions import BM25_WEIGHTS, Partitions, thread_token
-from opencortex.memory.query import query_phrases
+from opencortex.memory.partitions import BM25_WEIGHTS, Partitions, folded_words, thread_token
+from opencortex.memory.query import query_phrases, query_words
 from opencortex.memory.records import SearchHit
 from opencortex.memory.rows import columns_of, is_control, record_fields
 
@@ -30,6 +30,7 @@ MAX_COUNTS = 4096           # most word counts remembered
 COUNTED_FROM = 64           # a word found in fewer messages is counted again each time
 STALE_SHARE = 8             # a count is reused while its table grew by less than 1/8 of it
 SIZE_TTL = 1.0              # seconds a table's message count is reused, at most
+DISTINCT_READS = 4          # a DISTINCT search reads this many times more matches
 SEARCH_TIME_LIMIT = 0.25    # seconds a ranked search may run before the newest-first fallback
 PROGRESS_STEPS = 10000      # SQLite VM steps between two checks of that limit
 
@@ -47,11 +48,15 @@ class RankedSearch:
                window: tuple[float, float] | None = None, *,
                snippets: bool = True, candidates: int | None = None,
                owners: Collection[str] | None = None,
-               informative_only: bool = False) -> list[SearchHit]:
+               informative_only: bool = False, senders: Collection[str] = (),
+               distinct: bool = False) -> list[SearchHit]:
         """Best BM25 matches for the words of QUERY (any word), optionally only in THREADS
-        or only in the tables of OWNERS (partitions: see `partitions`), and only said
-        within WINDOW (start, end epoch seconds, end excluded); with CANDIDATES
-        (>= LIMIT), the first LIMIT of a search for that many.
+        or only in the tables of OWNERS (partitions: see `partitions`), only said
+        within WINDOW (start, end epoch seconds, end excluded), and only sent by
+        someone whose sender holds one of the words SENDERS (see `speakers`); with
+        CANDIDATES (>= LIMIT), the first LIMIT of a search for that many.  DISTINCT:
+        a text already returned (bar case and spacing) is passed over, so repeated
+        small talk does not fill the hits.
 
         A search by OWNERS costs the same however many threads they have; one by
         THREADS looks at each thread (and filters by thread unless they fill
@@ -69,25 +74,34 @@ class RankedSearch:
         returned instead (no full ranking); with INFORMATIVE_ONLY, when every word
         is very common, nothing (what those words match says nothing of the query).
         """
-        phrases = query_phrases(query)
+        phrases = query_phrases(query, verb_forms=self._parts.tokenizer == "porter")
         if not phrases or limit <= 0 or (threads is not None and not threads):
             return []
         if threads is not None and owners is not None:
             raise ValueError("search by threads or by owners, not both")
         scope = None if threads is None else {Thread(*thread) for thread in threads}
         exclude = exclude_ids if isinstance(exclude_ids, AbstractSet) else set(exclude_ids)
+        texts: set[str] = set()
 
         def returnable(row: tuple) -> bool:
-            """Whether a matched ROW may be returned: indexed, not excluded, in scope."""
-            return (row[2] is not None and row[2] not in exclude
-                    and (scope is None or Thread(row[5], row[6]) in scope))
+            """Whether a matched ROW may be returned: indexed, not excluded, in scope
+            (and, when DISTINCT, a text not returned yet)."""
+            if row[2] is None or row[2] in exclude or \
+                    (scope is not None and Thread(row[5], row[6]) not in scope):
+                return False
+            if distinct:
+                text = " ".join(row[4].casefold().split())
+                if text in texts:
+                    return False
+                texts.add(text)
+            return True
         found: list[tuple[tuple, tuple, str, str]] = []       # key, row, table, words
-        wanted = (limit, max(limit, candidates or limit) + len(exclude))   # kept, read
-        targets = self._targets(scope) if owners is None else \
-            [(table, None) for table in self._parts.tables_of(owners)]
-        for table, tokens in targets:
+        read = max(limit, candidates or limit) * (DISTINCT_READS if distinct else 1)
+        wanted = (limit, read + len(exclude))                 # kept, read
+        by = [] if not senders else query_phrases(" ".join(senders))
+        for table, tokens in self._where(scope, owners):
             found += self._search_table(table, tokens, phrases, wanted, window, returnable,
-                                        informative_only)
+                                        informative_only, by)
         found.sort(key=lambda item: item[0])
         kept = found[:limit]
         marked = self._snippets(kept) if snippets else {}
@@ -97,6 +111,41 @@ class RankedSearch:
             if not is_control(record["extra"]):    # an index built before control records
                 hits.append(SearchHit(**record, score=-row[1], snippet=marked.get(row[0], "")))
         return hits
+
+    def speakers(self, query: str, threads: Collection[Thread] | None = None,
+                 owners: Collection[str] | None = None) -> list[str]:
+        """The words of QUERY that name a sender of messages in THREADS (or in the
+        tables of OWNERS; neither: any), case and diacritics aside ("Caroline's"
+        names "Caroline"; "alice" names "@alice:example.org").
+
+        Known from each table's list of senders; where only some threads of a
+        table are in scope, checked in the index for those threads."""
+        scope = None if threads is None else {Thread(*thread) for thread in threads}
+        where = self._where(scope, owners)
+        senders = self._parts.sender_words(table for table, _ in where)
+        where = [(table, tokens) for table, tokens in where if senders[table]]
+        named = []
+        for word in query_words(query) if where else ():
+            parts = folded_words(word)
+            for table, tokens in where:
+                if parts and senders[table].issuperset(parts) and (
+                        tokens is None or self._sends_in(table, tokens, word)):
+                    named.append(word)
+                    break
+        return named
+
+    def _sends_in(self, table: str, tokens: list[str], word: str) -> bool:
+        """Whether a sender holding WORD has a message in the threads TOKENS of TABLE."""
+        match = f"thread:({' OR '.join(tokens)}) AND sender:{query_phrases(word)[0]}"
+        return self._db.execute(f"SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT 1",
+                                (match,)).fetchone() is not None
+
+    def _where(self, scope: set[Thread] | None, owners: Collection[str] | None
+               ) -> list[tuple[str, list[str] | None]]:
+        """(table, thread tokens or None) to search for SCOPE, or OWNERS' tables."""
+        if owners is not None:
+            return [(table, None) for table in self._parts.tables_of(owners)]
+        return self._targets(scope)
 
     def _targets(self, scope: set[Thread] | None) -> list[tuple[str, list[str] | None]]:
         """(table, thread tokens to filter on, or None for the whole table) to search."""
@@ -115,16 +164,19 @@ class RankedSearch:
 
     def _search_table(self, table: str, tokens: list[str] | None, phrases: list[str],
                       wanted: tuple[int, int], window: tuple[float, float] | None,
-                      returnable: Callable[[tuple], bool], informative_only: bool = False
-                      ) -> list[tuple[tuple, tuple, str, str]]:
+                      returnable: Callable[[tuple], bool], informative_only: bool = False,
+                      senders: list[str] | None = None) -> list[tuple[tuple, tuple, str, str]]:
         """Ranked (or, failing that, newest) matches in one owner's TABLE: the first
         WANTED[0] RETURNABLE ones among the first WANTED[1] matches; none with
-        INFORMATIVE_ONLY when every phrase is very common there."""
+        INFORMATIVE_ONLY when every phrase is very common there.  SENDERS: phrases
+        one of which the sender must hold."""
         rare = self._rarest(table, phrases)
         if not rare and informative_only:
             return []
         words = f"text:({' OR '.join(rare or phrases)})"
         match = words if tokens is None else f"thread:({' OR '.join(tokens)}) AND {words}"
+        if senders:
+            match += f" AND sender:({' OR '.join(senders)})"
         ranked = None
         if rare:
             ranked = self._matches(table, match, wanted, True, window, returnable,
