@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 import pytest
@@ -127,6 +128,15 @@ def test_a_forgotten_thread_names_its_senders_no_more_and_a_moved_one_takes_them
     assert archive.speakers("Ines", owners={"telegram:1001"}) == []
     assert archive.reindex() == 2                        # a rebuilt index knows them again
     assert archive.speakers("Zorro Dev Ines", owners={"local"}) == ["Dev", "Ines"]
+
+
+def test_a_reading_connection_knows_a_new_sender_at_once(archive):
+    chat(archive, CLI, [("Dev", "the cave trip was fun")])
+    with ThreadPoolExecutor(1) as reader, archive.lock:     # held: searches use a reader
+        ask = lambda: reader.submit(archive.speakers, "Zorro Dev").result(timeout=10)  # noqa
+        assert ask() == ["Dev"]
+        chat(archive, CLI, [("Zorro", "the cave map is under the stone")])
+        assert ask() == ["Zorro", "Dev"]
 
 
 @pytest.mark.parametrize("question, text", [

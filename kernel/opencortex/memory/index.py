@@ -259,8 +259,8 @@ class MessageIndex(RankedSearch):
                     self._db.execute(
                         f"INSERT INTO {table} (rowid, text, thread, sender) VALUES (?, ?, ?, ?)",
                         (cursor.lastrowid, rec.text, thread_token(rec.thread), rec.sender))
-                    if rec.sender:
-                        self._parts.note_sender(table, rec.sender)
+                    if rec.sender and self._parts.note_sender(table, rec.sender):
+                        self.generation += 1        # readers learn the new sender at once
                 added += 1
         return added
 

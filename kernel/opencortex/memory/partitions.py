@@ -43,6 +43,7 @@ TOKENIZERS = {
 }
 DEFAULT_TOKENIZER = "porter"
 SHARED_TTL = 1.0            # seconds a table's thread count is reused, at most
+SENDERS_TTL = 1.0           # seconds another process's new senders may go unnoticed
 BM25_WEIGHTS = "1.0, 0.0, 0.0"   # bm25 weights of the columns: text; thread and sender
                                  # are filters only
 NOT_CONTROL = "json_extract(extra, '$.CONTROL') IS NULL"
@@ -58,11 +59,13 @@ def default_partition(thread: Thread) -> str:
     return LOCAL_PARTITION if thread.channel in LOCAL_CHANNELS else str(thread)
 
 
-def folded_words(text: str) -> list[str]:
+@functools.lru_cache(maxsize=4096)
+def folded_words(text: str) -> tuple[str, ...]:
     """The words of TEXT as the tokenizers compare them: case and diacritics folded
     ("José" -> "jose"; "@alice:example.org" -> alice, example, org)."""
     decomposed = unicodedata.normalize("NFKD", text.casefold())
-    return _WORD.findall("".join(c for c in decomposed if not unicodedata.combining(c)))
+    return tuple(_WORD.findall("".join(c for c in decomposed
+                                       if not unicodedata.combining(c))))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -94,7 +97,8 @@ class Partitions:
         self._tables: dict[Thread, str] = {}
         self._named: dict[str, str] = {}                  # partition name -> its table
         self._shared: dict[str, tuple[int, float]] = {}   # table -> (threads, when counted)
-        self._senders: tuple[str | None, dict[str, frozenset[str]]] = (None, {})
+        # the senders' change count when read, each table's sender words, when checked
+        self._senders: tuple[str | None, dict[str, frozenset[str]], float] = (None, {}, 0.0)
 
     def attach(self, db: sqlite3.Connection) -> None:
         """Work on the index connection DB from now on."""
@@ -106,7 +110,7 @@ class Partitions:
         self._tables.clear()
         self._named.clear()
         self._shared.clear()
-        self._senders = (None, {})
+        self._senders = (None, {}, 0.0)
 
     def table_of(self, thread: Thread) -> str:
         """The FTS table THREAD's messages go to (made, and the thread recorded, if new)."""
@@ -185,22 +189,31 @@ class Partitions:
 
     # -- senders -------------------------------------------------------------
 
-    def note_sender(self, table: str, sender: str) -> None:
-        """Record that SENDER has messages in TABLE (a new pair counts a change)."""
-        if self._db.execute("INSERT OR IGNORE INTO senders (tab, sender) VALUES (?, ?)",
-                            (_number(table), sender)).rowcount:
-            self._db.execute("INSERT INTO meta (key, value) VALUES ('senders', 1) ON CONFLICT"
-                             "(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1")
+    def note_sender(self, table: str, sender: str) -> bool:
+        """Record that SENDER has messages in TABLE; True when that is new (a change
+        of the senders, counted in `meta`)."""
+        if not self._db.execute("INSERT OR IGNORE INTO senders (tab, sender) VALUES (?, ?)",
+                                (_number(table), sender)).rowcount:
+            return False
+        self._db.execute("INSERT INTO meta (key, value) VALUES ('senders', 1) ON CONFLICT"
+                         "(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1")
+        self._senders = (None, {}, 0.0)
+        return True
 
     def sender_words(self, tables: Iterable[str]) -> dict[str, frozenset[str]]:
-        """For each of TABLES, the folded words (see `folded_words`) of its senders;
-        read again only when the senders changed (one lookup of their change count)."""
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'senders'").fetchone()
-        changes = None if row is None else str(row[0])
-        known, words = self._senders
-        if changes != known:
-            words = {}
-            self._senders = (changes, words)
+        """For each of TABLES, the folded words (see `folded_words`) of its senders.
+
+        Read again when the senders changed: this connection's own changes at once
+        (and, through the index's generation, its readers'); another process's, seen
+        in their change count, looked up at most every SENDERS_TTL seconds."""
+        known, words, checked = self._senders
+        now = time.monotonic()
+        if now - checked > SENDERS_TTL:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'senders'").fetchone()
+            changes = None if row is None else str(row[0])
+            if changes != known:
+                words = {}
+            self._senders = (changes, words, now)
         for table in tables:
             if table not in words:
                 words[table] = frozenset(word for (sender,) in self._db.execute(
@@ -219,6 +232,7 @@ class Partitions:
         if gone:
             self._db.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 "
                              "WHERE key = 'senders'")
+            self._senders = (None, {}, 0.0)
 
     def _senders_of(self, where: str, values: tuple) -> list[str]:
         return [sender for (sender,) in self._db.execute(
