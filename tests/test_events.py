@@ -30,6 +30,22 @@ def test_invalid_events_are_refused_with_the_reason(data, fragment):
     assert fragment in str(caught.value)
 
 
+@pytest.mark.parametrize("name, kept", [
+    ("Alice Smith", "Alice Smith"),
+    ("  Ann\n\x1b[31mRed\u202e\t ", "Ann [31mRed"),        # one line, no controls
+    ("\ud800 Bo", "Bo"),                                     # a lone surrogate is dropped
+    ("x" * 300, "x" * 256),                                  # cut, not refused
+    (" \n\t", None), ("", None), (None, None),
+])
+def test_a_display_name_is_one_clean_line_and_never_refuses_the_message(name, kept):
+    assert chat_message("hi", "telegram", "42", "7", sender_name=name).sender_name == kept
+
+
+def test_a_display_name_must_be_text():
+    with pytest.raises(EventError, match="sender_name"):
+        parse_event({"text": "hi", "channel": "cli", "chat_id": "x", "sender_name": 5})
+
+
 def test_epoch_arrival_time_is_accepted():
     event = parse_event({"text": "hi", "channel": "emacs", "chat_id": "c", "received_at": 0})
     assert event.received_at == datetime(1970, 1, 1, tzinfo=timezone.utc)

@@ -130,6 +130,16 @@ def test_a_forgotten_thread_names_its_senders_no_more_and_a_moved_one_takes_them
     assert archive.speakers("Zorro Dev Ines", owners={"local"}) == ["Dev", "Ines"]
 
 
+def test_a_display_name_names_its_sender_through_moves_and_forgetting(archive):
+    archive.append([say("my cave photos are online", ALICE, sender="111",
+                        extra={"SENDER_NAME": "Inés Ortiz"})])
+    assert archive.speakers("what did ines say", owners={"telegram:1001"}) == ["ines"]
+    Recall(archive, {"telegram:1001": "local"})          # moved to the local owner's table
+    assert archive.speakers("what did Ortiz or 111 say", owners={"local"}) == ["Ortiz", "111"]
+    assert forget(archive, ALICE) == 1
+    assert archive.speakers("what did Ortiz say", owners={"local"}) == []
+
+
 def test_a_reading_connection_knows_a_new_sender_at_once(archive):
     chat(archive, CLI, [("Dev", "the cave trip was fun")])
     with ThreadPoolExecutor(1) as reader, archive.lock:     # held: searches use a reader

@@ -81,6 +81,27 @@ def test_groups_answer_only_allowed_groups_when_addressed(home):
     run(scenario())
 
 
+def test_a_group_members_display_name_is_archived_and_names_them_for_recall(home):
+    async def scenario():
+        async with bridge(home, groups=[str(GROUP)]) as (fake, running, kernel):
+            fake.send(FRIEND, f"@{BOT_NAME} my locker code is 4711", chat_id=GROUP,
+                      chat_type="supergroup")
+            fake.send(OWNER, f"@{BOT_NAME} user8, what is your locker code again?",
+                      chat_id=GROUP, chat_type="supergroup")
+            await until(lambda: len(texts(fake, GROUP)) == 2)
+            thread = Thread("telegram", str(GROUP))
+            said = {r.text.split("} ", 1)[-1]: r for r in kernel.archive.read_thread(thread)
+                    if r.role == "user"}
+            friend = next(r for t, r in said.items() if t.endswith("4711"))
+            assert (friend.sender, friend.extra["SENDER_NAME"]) == (str(FRIEND), "user8")
+            assert kernel.archive.speakers("what is user8's code", threads=[thread]) == \
+                ["user8"]
+            recall = kernel.conversations.recall
+            [best, *_] = recall.recall(thread, "what is user8's locker code", k=2)
+            assert best.id == friend.id
+    run(scenario())
+
+
 def test_a_long_reply_is_split_under_the_limit(home, tmp_path):
     long = "\n\n".join(f"Paragraph {i}. " + "word " * 150 for i in range(12))
     reply = f'(:type :REQUEST :target :telegram :chat-id "{OWNER}" :text "{long}")'

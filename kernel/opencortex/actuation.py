@@ -26,6 +26,7 @@ from opencortex.conversation.conversations import Conversations
 from opencortex.events import Event
 from opencortex.llm.routing import archetype_for
 from opencortex.memory import NewMessage
+from opencortex.memory.rows import SENDER_NAME
 from opencortex.pinning import CROSS_POST, destination, is_own
 from opencortex.printer import print_plist
 from opencortex.telemetry import Telemetry
@@ -258,6 +259,8 @@ class Actuation:
                    "TOKENS_IN": str(usage.input_tokens if usage else 0),
                    "TOKENS_OUT": str(usage.output_tokens if usage else 0), **(extra or {})}
         said = {PLATFORM_ID: event.message_id} if event.message_id else {}
+        if event.sender_name:
+            said[SENDER_NAME] = event.sender_name
         messages = [NewMessage(role="user", text=event.text, thread=event.thread,
                                sender=event.sender, timestamp=event.received_at.timestamp(),
                                extra=said)]

@@ -7,6 +7,7 @@ conversations do.
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime, timezone
 from typing import Any, Literal, NamedTuple
 
@@ -61,6 +62,7 @@ class ChatMessage(BaseModel):
     channel: Channel
     chat_id: str = Field(min_length=1, max_length=512)
     sender: str | None = Field(default=None, max_length=512)
+    sender_name: str | None = Field(default=None, max_length=256)  # display only, see below
     message_id: str | None = Field(default=None, max_length=256)  # the platform's, if any
     received_at: datetime = Field(default_factory=_now)
 
@@ -79,6 +81,19 @@ class ChatMessage(BaseModel):
         if not value.strip() or any(c in value for c in "\r\n\0"):
             raise ValueError("chat_id must be a non-blank single line")
         return value
+
+    @field_validator("sender_name", mode="before")
+    @classmethod
+    def _one_line_name(cls, value: Any) -> Any:
+        """The sender's display name (a bridge's; anyone may choose theirs, so it is
+        never used for access: recall uses it to know who a question names), on
+        one line without control characters, cut to 256 characters; None when
+        nothing is left."""
+        if not isinstance(value, str):
+            return value                    # None, or refused as not text
+        name = " ".join("".join(" " if unicodedata.category(c)[0] == "C" else c
+                                for c in value).split())
+        return name[:256].rstrip() or None
 
     @field_validator("received_at")
     @classmethod
@@ -121,7 +136,7 @@ def parse_event(data: Any) -> Event:
 
 
 def chat_message(text: str, channel: str = "cli", chat_id: str = "local",
-                 sender: str | None = None) -> Event:
+                 sender: str | None = None, sender_name: str | None = None) -> Event:
     """Convenience constructor that refuses bad input with EventError."""
     return parse_event({"text": text, "channel": channel, "chat_id": chat_id,
-                        "sender": sender})
+                        "sender": sender, "sender_name": sender_name})

@@ -247,7 +247,7 @@ class Bridge:
     async def _turn(self, message: Inbound) -> None:
         try:
             event = chat_message(self._command_text(message.text), self.channel,
-                                 message.chat_id, message.sender_id)
+                                 message.chat_id, message.sender_id, message.sender_name)
         except EventError:
             await self._say(message.chat_id, "I could not read that message; send it again.")
             return

@@ -26,8 +26,7 @@ the text mostly greets the person addressed ("Bye Caroline!"), and the one
 asked about is the one who said it.  A text repeated word for word (small
 talk) is recalled once.  A hit that is a question brings the reply after it,
 and a reply the question before it ("next to a recalled message"), after the
-K best.  `explain` says what was
-recalled and why, for /recall.
+K best.  `explain` says what was recalled and why, for /recall.
 
 Dense recall (optional, see `dense`): with an embedding model configured, the
 same scope is also ranked by the model, and the two rankings are fused by
@@ -54,6 +53,7 @@ from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
 from opencortex.memory.query import query_words
+from opencortex.memory.rows import who
 
 if TYPE_CHECKING:
     from opencortex.conversation.dense import DenseRecall
@@ -341,7 +341,8 @@ class Recall:
             terms = ", ".join(dict.fromkeys(t.lower() for t in _MARKED.findall(hit.snippet)))
             when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d %H:%M")
             text = " ".join(hit.text.split())
-            said = f" {' '.join(hit.sender.split())[:40]}" if hit.sender else ""
+            sender = who(hit.sender, hit.extra)
+            said = f" {' '.join(sender.split())[:60]}" if sender else ""
             lines.append(f"{number}. {self._why(item)}, {when}, {hit.thread}, {hit.role}{said}; "
                          f"matched: {terms or '-'}\n   {text[:140]}")
         return "\n".join(lines) if ranked else "\n".join(lines + ["Nothing recalled."])

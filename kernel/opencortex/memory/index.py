@@ -38,7 +38,7 @@ from opencortex.memory.partitions import (DEFAULT_TOKENIZER, Partition, Partitio
                                           fts_tables, thread_token, NOT_CONTROL)  # noqa: F401
 from opencortex.memory.ranking import RankedSearch
 from opencortex.memory.records import MessageRecord
-from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_fields
+from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_fields, who
 
 log = logging.getLogger(__name__)
 
@@ -256,10 +256,11 @@ class MessageIndex(RankedSearch):
             if cursor.rowcount == 1:
                 if not is_control(rec.extra):
                     table = self._parts.table_of(rec.thread)
+                    sender = who(rec.sender, rec.extra)
                     self._db.execute(
                         f"INSERT INTO {table} (rowid, text, thread, sender) VALUES (?, ?, ?, ?)",
-                        (cursor.lastrowid, rec.text, thread_token(rec.thread), rec.sender))
-                    if rec.sender and self._parts.note_sender(table, rec.sender):
+                        (cursor.lastrowid, rec.text, thread_token(rec.thread), sender))
+                    if sender and self._parts.note_sender(table, sender):
                         self.generation += 1        # readers learn the new sender at once
                 added += 1
         return added

@@ -34,6 +34,7 @@ import unicodedata
 from collections.abc import Callable, Collection, Iterable
 
 from opencortex.events import Thread
+from opencortex.memory.rows import WHO
 
 LOCAL_PARTITION = "local"
 LOCAL_CHANNELS = frozenset({"emacs", "cli"})
@@ -235,9 +236,10 @@ class Partitions:
             self._senders = (None, {}, 0.0)
 
     def _senders_of(self, where: str, values: tuple) -> list[str]:
+        """Who sent the messages WHERE says (see `rows.WHO`), each once."""
         return [sender for (sender,) in self._db.execute(
-            f"SELECT DISTINCT sender FROM messages WHERE {where} AND sender IS NOT NULL "
-            f"AND {NOT_CONTROL}", values)]
+            f"SELECT DISTINCT {WHO} FROM messages WHERE {where} AND {NOT_CONTROL}", values)
+            if sender]
 
     # -- moving and deleting --------------------------------------------------
 
@@ -258,7 +260,7 @@ class Partitions:
         self._db.execute("UPDATE thread_parts SET part = ? WHERE channel = ? AND chat_id = ?",
                          (part, *thread))
         self._db.execute(f"INSERT INTO {new} (rowid, text, thread, sender) "
-                         f"SELECT seq, text, ?, sender FROM messages "
+                         f"SELECT seq, text, ?, {WHO} FROM messages "
                          f"WHERE channel = ? AND chat_id = ? AND {NOT_CONTROL}",
                          (thread_token(thread), *thread))
         for sender in senders:

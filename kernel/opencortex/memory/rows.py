@@ -6,12 +6,20 @@ import json
 from collections.abc import Mapping, Sequence
 
 CONTROL_KEY = "CONTROL"     # extra property marking a control record (never searchable)
+SENDER_NAME = "SENDER_NAME"     # extra property: the sender's display name (a bridge's)
 COLUMNS = "id, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra"
+# who sent a message, as the index searches it: the sender and their display name
+WHO = f"trim(coalesce(sender, '') || ' ' || coalesce(json_extract(extra, '$.{SENDER_NAME}'), ''))"
 
 
 def columns_of(alias: str) -> str:
     """COLUMNS as read from the table named ALIAS in a query ("m" -> "m.id, m.role, ...")."""
     return ", ".join(f"{alias}.{name.strip()}" for name in COLUMNS.split(","))
+
+
+def who(sender: str | None, extra: Mapping[str, str]) -> str:
+    """Who sent a message, as the index searches it (see WHO): "12345 Alice Smith"."""
+    return " ".join(part for part in (sender, extra.get(SENDER_NAME)) if part)
 
 
 def is_control(extra: Mapping[str, str]) -> bool:
