@@ -158,7 +158,7 @@ def main() -> None:
         data = generate(args.seed, sessions=12, per_session=50, facts=26, others=4,
                         other_size=300, now=now)
     else:
-        data = generate(args.seed, sessions=40, per_session=120, facts=112, others=20,
+        data = generate(args.seed, sessions=40, per_session=120, facts=119, others=20,
                         other_size=1000, now=now)
     settings = ConversationSettings()
     with tempfile.TemporaryDirectory() as tmp:

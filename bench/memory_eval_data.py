@@ -14,7 +14,9 @@ in most messages (greetings, thanks, questions).  Facts are planted in kinds:
 - ``when``: the question asks when it happened (the date shown is the answer);
 - ``dated``: the same kind of event happens several times; the question names
   the period ("last week", "in March") and only the event in it counts;
-- ``about``: someone else says it of the person the question names.
+- ``about``: someone else says it of the person the question names;
+- ``swapped``: the question names the other person of the chat (a question
+  that mixes people up still finds what was said).
 
 Many statements use an irregular verb the question puts in another form
 ("bought" / "buy", "met" / "meet", "broke" / "break", "ran" / "run").
@@ -104,6 +106,8 @@ TEMPLATES = {
             "What did {p} buy?"),
     "break": ("about", ["Did you hear {p} broke an arm skiing in {country}?"],
               "What did {p} break?"),
+    "sell": ("swapped", ["{o}, I sold {thing} at the flea market for almost nothing"],
+             "What did {o} sell at the flea market?"),
 }
 
 
@@ -174,6 +178,11 @@ class _Builder:
             self.plant(first, person, _fill(statements[0], {**values, "o": partner(first)}),
                        Question("ignored", ""))
             self.plant(second, person, _fill(statements[1], {**later, "o": partner(second)}), q)
+        elif kind == "swapped":
+            session = self.rng.choice(own)
+            q = Question(kind, _fill(question, {"o": partner(session), **values}))
+            self.plant(session, person, _fill(statements[0], {**values, "o": partner(session)}),
+                       q)
         else:
             q = Question(kind, _fill(question, {"p": person, **values}))
             chosen = self.rng.sample(own, min(len(statements), len(own)))

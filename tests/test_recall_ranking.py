@@ -91,6 +91,15 @@ def test_a_named_person_and_now_bring_their_newest_statement(archive):
     assert len(texts) == len(set(texts))           # the repeated small talk came once
 
 
+def test_a_question_naming_the_wrong_person_still_finds_what_was_said(archive):
+    records = chat(archive, CLI, [("Tobias", f"Rosa, the flea market was busy again {n}")
+                                  for n in range(6)] +
+                   [("Rosa", "Tobias, I sold my old bikes at the flea market")])
+    recalled = Recall(archive, {}).recall(EMACS, "What did Tobias sell at the flea market?",
+                                          k=3)
+    assert records[-1].id in [e.id for e in recalled]          # third, after two of his
+
+
 def test_a_sender_word_names_them_only_within_the_owners_scope(archive):
     chat(archive, ALICE, [("Zorro", "the cave map is under the stone")])
     chat(archive, CLI, [("me", "the cave trip was fun"), ("me", "a map of the cave")])

@@ -20,10 +20,10 @@ Ranking: each owner's messages are scored with that owner's own word
 statistics (see `opencortex.memory.partitions`).  A date expression in the
 question ("last week", "in March", "2026-03-14") searches that period first;
 "now" / "currently" put newer matches ahead (a fact that changed).  A word
-that names a sender in scope ("What did Caroline give?") first searches what
-that person said for the other words, then everything: in a chat a name in
-the text mostly greets the person addressed ("Bye Caroline!"), and the one
-asked about is the one who said it.  A text repeated word for word (small
+that names a sender in scope ("What did Caroline give?") also searches what
+that person said for the other words, and those hits lead (two for each
+other): in a chat a name in the text mostly greets the person addressed ("Bye
+Caroline!"), and the one asked about is the one who said it.  A text repeated word for word (small
 talk) is recalled once.  A hit that is a question brings the reply after it,
 and a reply the question before it ("next to a recalled message"), after the
 K best.  `explain` says what was recalled and why, for /recall.
@@ -36,6 +36,7 @@ Without one, recall is lexical and nothing of it is loaded.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -68,6 +69,7 @@ RECHECK_NS = 100_000_000       # while they are that recent, read the thread lis
                                # new threads) at most this often
 CANDIDATES = 4                 # recall ranks this many times K matches before keeping K
 RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
+SAID_PER_OTHER = 2             # hits of what a named person said per other hit, in turn
 
 # Function words left out of a recall query while other words remain: they match
 # almost every message and would recall noise.
@@ -241,7 +243,7 @@ class Recall:
                          distinct=True, **where)
 
         def tiers(**options) -> tuple[list[SearchHit], list[SearchHit]]:
-            """What the people named said, then every match (both ranked by OPTIONS).
+            """What the people named said, and every match (both ranked by OPTIONS).
             What a named person said is worth recalling even when every word is
             very common: then their newest matches (see `RankedSearch.search`)."""
             said = search(rest, senders=named, **{**options, "informative_only": False}) \
@@ -252,14 +254,16 @@ class Recall:
             # unless copies or hits outside the scope leave fewer than K of them.
             said, general = tiers(limit=k, candidates=CANDIDATES * k,
                                   informative_only=informative_only)
-            kept = self._kept(thread, allowed, said + general, hint, query, exclude_ids)
+            kept = self._kept(thread, allowed, _mix(said, general), hint, query, exclude_ids)
             if len(kept) >= k or (len(said) < k and len(general) < k):
                 return kept[:k], hint
         found: list[SearchHit] = []
         if hint.window is not None:       # a period named is searched either way
-            found += sum(tiers(limit=2 * k, window=hint.window), [])
-        for tier in tiers(limit=CANDIDATES * k, informative_only=informative_only):
-            found += _newer_first(tier) if hint.recent else tier
+            found += _mix(*tiers(limit=2 * k, window=hint.window))
+        said, general = tiers(limit=CANDIDATES * k, informative_only=informative_only)
+        if hint.recent:
+            said, general = _newer_first(said), _newer_first(general)
+        found += _mix(said, general)
         return self._kept(thread, allowed, found, hint, query, exclude_ids)[:k], hint
 
     def _where(self, thread: Thread, allowed: set[str]) -> dict:
@@ -271,7 +275,7 @@ class Recall:
 
     def _named(self, words: str, where: dict) -> tuple[list[str], str]:
         """The words of WORDS that name a sender in scope (WHERE), and the other words:
-        "Where does Caroline work" asks what Caroline said about work, first.  No
+        "Where does Caroline work" asks what Caroline said about work, above all.  No
         one is named when no other word is left."""
         named = self.archive.speakers(words, **where)
         rest = [word for word in query_words(words) if word not in named]
@@ -397,3 +401,14 @@ def _newer_first(hits: list[SearchHit]) -> list[SearchHit]:
     span = max(hit.timestamp for hit in hits) - oldest or 1.0
     return sorted(hits, key=lambda hit: -hit.score * (
         1 + RECENCY_WEIGHT * (hit.timestamp - oldest) / span))
+
+
+def _mix(said: list[SearchHit], general: list[SearchHit]) -> list[SearchHit]:
+    """SAID (what the people named said) two at a time, then one of GENERAL, in their
+    orders: what they said leads, and a question that names the wrong person still
+    finds what was said near the top."""
+    mixed, rest = [], iter(general)
+    for start in range(0, len(said), SAID_PER_OTHER):
+        mixed += said[start:start + SAID_PER_OTHER]
+        mixed += itertools.islice(rest, 1)
+    return mixed + list(rest)
