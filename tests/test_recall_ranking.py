@@ -121,7 +121,7 @@ def test_a_matrix_id_is_named_by_its_localpart_and_explain_says_so(archive):
     [best, *_] = recall.recall(EMACS, "what is alice's locker code", k=3)
     assert best.text.endswith("my locker code is 4711")
     text = recall.explain(EMACS, "what is alice's locker code")
-    assert "people named: alice (what they said comes first)" in text
+    assert "people named: alice (what they said leads)" in text
     assert "user @alice:example.org; matched: locker, code" in text
 
 

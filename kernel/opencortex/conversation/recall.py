@@ -50,11 +50,11 @@ from opencortex.conversation.branches import unique
 from opencortex.conversation.entries import Entry
 from opencortex.conversation.fusion import Ranked, fuse
 from opencortex.conversation.recalldates import DateHint, date_hint
+from opencortex.conversation.recallexplain import explain
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
 from opencortex.memory.query import query_words
-from opencortex.memory.rows import who
 
 if TYPE_CHECKING:
     from opencortex.conversation.dense import DenseRecall
@@ -319,46 +319,14 @@ class Recall:
         return _newer_first(found)
 
     def explain(self, thread: Thread, query: str, *, k: int = 10) -> str:
-        """What recall brings for QUERY and why: the period and words searched, then per
-        hit its score, date, where, the words it matched and its text (for /recall);
-        with dense recall, which ranking found each hit and the fused score."""
-        ranked, hint = self.ranked(thread, query, k=k, snippets=True)
-        words = recall_query(hint.text) or recall_query(query)
-        lines = [f"searched for: {words}"]
-        thread = Thread(*thread)
-        named, _ = self._named(words, self._where(thread, {self.owner(thread),
-                                                            *self.shared_owners}))
-        if named:
-            lines.append(f"people named: {', '.join(named)} (what they said comes first)")
-        if self.dense is not None:
-            lines.append(f"ranking: {self.dense.describe()}")
-            if ranked and ranked[0].fused is None and self.dense.off is None:
-                lines.append("the dense ranking failed this time (see the log): lexical only")
-        if hint.window is not None:
-            start, end = (datetime.fromtimestamp(t).strftime("%Y-%m-%d") for t in
-                          (hint.window[0], hint.window[1] - 1))
-            lines.append(f"dates: {start} to {end} (\"{hint.label}\"), searched first")
-        if hint.recent:
-            lines.append("asks about the present: newer matches ranked higher")
-        for number, item in enumerate(ranked, 1):
-            hit = item.hit
-            terms = ", ".join(dict.fromkeys(t.lower() for t in _MARKED.findall(hit.snippet)))
-            when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d %H:%M")
-            text = " ".join(hit.text.split())
-            sender = who(hit.sender, hit.extra)
-            said = f" {' '.join(sender.split())[:60]}" if sender else ""
-            lines.append(f"{number}. {self._why(item)}, {when}, {hit.thread}, {hit.role}{said}; "
-                         f"matched: {terms or '-'}\n   {text[:140]}")
-        return "\n".join(lines) if ranked else "\n".join(lines + ["Nothing recalled."])
+        """What recall brings for QUERY and why, for /recall (see `recallexplain`)."""
+        return explain(self, thread, query, k=k)
 
-    @staticmethod
-    def _why(item: Ranked) -> str:
-        """The score of a hit; when fused, the rank each list gave it and the fused score."""
-        if item.fused is None:
-            return f"score {item.hit.score:.2f}"
-        lexical = f"lexical #{item.lexical}" if item.lexical else "lexical -"
-        dense = f"dense #{item.dense}" if item.dense else "dense -"
-        return f"fused {item.fused:.4f} ({lexical}, {dense})"
+    def named(self, thread: Thread, words: str) -> list[str]:
+        """The words of WORDS (a recall query) that name a sender in THREAD's scope."""
+        thread = Thread(*thread)
+        allowed = {self.owner(thread), *self.shared_owners}
+        return self._named(words, self._where(thread, allowed))[0]
 
     def entry(self, hit: MessageRecord, *, near: bool = False) -> Entry:
         """HIT as a recalled entry: where and when it was said, then its text (NEAR: it
@@ -371,9 +339,6 @@ class Recall:
         return Entry(id=hit.id, role=hit.role, text=f"[recalled from {hit.thread}, {when}, "
                      f"{hit.role}{beside}] {text}", turn=0, turn_type=hit.turn_type,
                      retention="DROPPABLE", kind="recalled")
-
-
-_MARKED = re.compile(r"\[([^\]]+)\]")
 
 
 def _partner(hit: SearchHit, before: MessageRecord | None, after: MessageRecord | None

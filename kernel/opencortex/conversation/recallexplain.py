@@ -1,0 +1,62 @@
+"""What recall brings for a question and why, as /recall shows it.
+
+The period and words searched, the people the question names, then per hit
+its score (with dense recall: the rank each ranking gave it and the fused
+score), date, where, who said it, the words it matched and its text.  Text
+and names are the archive's (untrusted): shown on one line each, cut short.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from opencortex.conversation.fusion import Ranked
+from opencortex.events import Thread
+from opencortex.memory.rows import who
+
+if TYPE_CHECKING:
+    from opencortex.conversation.recall import Recall
+
+_MARKED = re.compile(r"\[([^\]]+)\]")
+
+
+def explain(recall: Recall, thread: Thread, query: str, *, k: int = 10) -> str:
+    """What RECALL brings for QUERY in THREAD (its K best) and why."""
+    from opencortex.conversation.recall import recall_query
+    ranked, hint = recall.ranked(thread, query, k=k, snippets=True)
+    words = recall_query(hint.text) or recall_query(query)
+    lines = [f"searched for: {words}"]
+    named = recall.named(thread, words)
+    if named:
+        lines.append(f"people named: {', '.join(named)} (what they said leads)")
+    if recall.dense is not None:
+        lines.append(f"ranking: {recall.dense.describe()}")
+        if ranked and ranked[0].fused is None and recall.dense.off is None:
+            lines.append("the dense ranking failed this time (see the log): lexical only")
+    if hint.window is not None:
+        start, end = (datetime.fromtimestamp(t).strftime("%Y-%m-%d") for t in
+                      (hint.window[0], hint.window[1] - 1))
+        lines.append(f"dates: {start} to {end} (\"{hint.label}\"), searched first")
+    if hint.recent:
+        lines.append("asks about the present: newer matches ranked higher")
+    for number, item in enumerate(ranked, 1):
+        hit = item.hit
+        terms = ", ".join(dict.fromkeys(t.lower() for t in _MARKED.findall(hit.snippet)))
+        when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d %H:%M")
+        text = " ".join(hit.text.split())
+        sender = " ".join(who(hit.sender, hit.extra).split())
+        said = f" {sender[:60]}" if sender else ""
+        lines.append(f"{number}. {_why(item)}, {when}, {hit.thread}, {hit.role}{said}; "
+                     f"matched: {terms or '-'}\n   {text[:140]}")
+    return "\n".join(lines) if ranked else "\n".join(lines + ["Nothing recalled."])
+
+
+def _why(item: Ranked) -> str:
+    """The score of a hit; when fused, the rank each list gave it and the fused score."""
+    if item.fused is None:
+        return f"score {item.hit.score:.2f}"
+    lexical = f"lexical #{item.lexical}" if item.lexical else "lexical -"
+    dense = f"dense #{item.dense}" if item.dense else "dense -"
+    return f"fused {item.fused:.4f} ({lexical}, {dense})"
