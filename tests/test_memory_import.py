@@ -192,6 +192,8 @@ def test_telegram_export_with_entities_senders_and_an_assistant(archive, tmp_pat
     assert records[0].extra == {"IMPORTED": "telegram", "SOURCE_ID": "2", "SENDER_NAME": "Bob"}
     assert records[3].extra["REPLY_TO"] == "3"
     assert archive.search("zebra", thread=thread)
+    assert archive.speakers("what did bob and the helper say", threads=[thread]) == [
+        "bob", "helper"]                   # display names name their senders for recall
     again = import_file(archive, source, assistants=["99"])
     assert (again.added, again.duplicates) == (0, 4)
 

@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 from opencortex.events import Thread
 from opencortex.memory.importer import (MAX_NAME, BadMessage, ImportFailed, Problem, Read,
                                         check_name, make_item, parse_time)
+from opencortex.memory.rows import SENDER_NAME
 
 CHUNK = 1 << 20              # bytes read at a time
 MAX_VALUE_CHARS = 4 << 20    # a larger message (or header value) stops the import
@@ -189,7 +190,7 @@ def message_item(data: Any, position: int, thread: Thread, assistants: set[str])
     role = "assistant" if assistants & {name, from_id, sender} else "user"
     extra = {"IMPORTED": "telegram", "SOURCE_ID": str(number)}
     if name:
-        extra["SENDER_NAME"] = name
+        extra[SENDER_NAME] = name
     for key, prop in (("reply_to_message_id", "REPLY_TO"), ("forwarded_from", "FORWARDED_FROM")):
         value = data.get(key)
         if isinstance(value, (int, str)) and not isinstance(value, bool) and str(value):
