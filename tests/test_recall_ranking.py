@@ -176,6 +176,16 @@ def test_verb_forms_only_with_the_english_stemmer(tmp_path):
         assert [h.text for h in plain.search("ran")] == ["I ran the Berlin marathon"]
 
 
+def test_a_match_whose_message_row_is_gone_is_passed_over(archive):
+    records = archive.append([say(f"the walrus sang song {n}", CLI) for n in range(12)])
+    db = sqlite3.connect(archive.root / "index.sqlite")
+    db.executemany("DELETE FROM messages WHERE id = ?", [(r.id,) for r in records[::4]])
+    db.commit()
+    db.close()
+    found = {h.id for h in archive.search("walrus", limit=12)}
+    assert found == {r.id for n, r in enumerate(records) if n % 4}
+
+
 def test_repeated_small_talk_is_recalled_once(archive):
     chat(archive, CLI, [("Dev", "see you at the pottery class!")] * 12 +
          [("Dev", "the pottery class moved to Thursdays")])

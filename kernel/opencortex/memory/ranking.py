@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from contextlib import closing
 
@@ -19,9 +19,10 @@ from opencortex.events import Thread
 from opencortex.memory.partitions import BM25_WEIGHTS, Partitions, folded_words, thread_token
 from opencortex.memory.query import query_phrases, query_words
 from opencortex.memory.records import SearchHit
-from opencortex.memory.rows import columns_of, is_control, record_fields
+from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_fields
 
 log = logging.getLogger(__name__)
+_MISSING = (None,) * len(COLUMNS.split(","))      # the columns of a match without its message
 
 COMMON_DOCS = 2000          # a word found in more messages than this is "very common"
 WEIGHTLESS_FLOOR = 50       # ... as is one in more than half of an owner's and than this
@@ -252,6 +253,20 @@ class RankedSearch:
             self._counts[(table, phrase)] = (found, self._size(table, at_least=found))
         return found
 
+    def _joined(self, found: list[tuple[int, float]], count: int) -> Iterator[tuple]:
+        """FOUND (rowid, score) pairs in order, each followed by its message's COLUMNS
+        (None when the messages table lacks it), read COUNT at first, then twice as
+        many at a time: only what is taken is read."""
+        size, position = max(count, 1), 0
+        while position < len(found):
+            chunk = found[position:position + size]
+            position, size = position + len(chunk), 2 * size
+            rows = {row[0]: row[1:] for row in self._db.execute(
+                f"SELECT seq, {columns_of('m')} FROM messages m WHERE seq IN "
+                f"({', '.join('?' * len(chunk))})", [rowid for rowid, _ in chunk])}
+            for rowid, score in chunk:
+                yield (rowid, score, *rows.get(rowid, _MISSING))
+
     def _matches(self, table: str, match: str, wanted: tuple[int, int], ranked: bool,
                  window: tuple[float, float] | None, returnable: Callable[[tuple], bool],
                  time_limit: float | None = None) -> list[tuple] | None:
@@ -262,27 +277,25 @@ class RankedSearch:
 
         Matches are read one by one and only until enough are returnable, so the
         messages ranked past them are never read.  Without a WINDOW the matches
-        are ordered in the FTS table alone and only the first WANTED[1] joined."""
+        are ordered in the FTS table alone, then their messages read a few at a
+        time (see `_joined`)."""
         count, read = wanted
         score = f"bm25({table}, {BM25_WEIGHTS})"     # the tables' rank, without its lookup
-        if window is None:           # LEFT JOIN: a match without its message is read too
-            order = "score" if ranked else "rowid DESC"
-            sql = (f"SELECT f.rowid, f.score, {columns_of('m')} FROM "
-                   f"(SELECT rowid, {score} AS score FROM {table} WHERE {table} MATCH ? "
-                   f"ORDER BY {order} LIMIT ?) f LEFT JOIN messages m ON m.seq = f.rowid "
-                   f"ORDER BY {'f.score' if ranked else 'f.rowid DESC'}")
-            values: tuple = (match, read)
-        else:
-            sql = (f"SELECT f.rowid, {score} AS score, {columns_of('m')} FROM {table} f "
-                   f"JOIN messages m ON m.seq = f.rowid WHERE f.{table} MATCH ? "
-                   f"AND m.epoch >= ? AND m.epoch < ? "
-                   f"ORDER BY {'score' if ranked else 'f.rowid DESC'} LIMIT ?")
-            values = (match, *window, read)
         if time_limit is not None:
             deadline = time.monotonic() + time_limit
             self._db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
         try:
-            with closing(self._db.execute(sql, values)) as rows:   # read ends with it
+            if window is None:
+                found = self._db.execute(
+                    f"SELECT rowid, {score} AS score FROM {table} WHERE {table} MATCH ? "
+                    f"ORDER BY {'score' if ranked else 'rowid DESC'} LIMIT ?",
+                    (match, read)).fetchall()
+                return _first(self._joined(found, count), returnable, count)
+            sql = (f"SELECT f.rowid, {score} AS score, {columns_of('m')} FROM {table} f "
+                   f"JOIN messages m ON m.seq = f.rowid WHERE f.{table} MATCH ? "
+                   f"AND m.epoch >= ? AND m.epoch < ? "
+                   f"ORDER BY {'score' if ranked else 'f.rowid DESC'} LIMIT ?")
+            with closing(self._db.execute(sql, (match, *window, read))) as rows:
                 return _first(rows, returnable, count)
         except sqlite3.OperationalError as error:
             if time_limit is not None and "interrupt" in str(error):
