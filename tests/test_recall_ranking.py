@@ -3,6 +3,7 @@ and the index schema migration (issue 13)."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -216,7 +217,8 @@ def test_query_words_drop_punctuation_and_possessives():
     (1, "CREATE VIRTUAL TABLE fts USING fts5 (text, thread)"),        # one shared table
     (2, "CREATE VIRTUAL TABLE fts_1 USING fts5 (text, thread)"),      # no sender column
 ])
-def test_an_index_of_an_older_schema_is_rebuilt_on_open(tmp_path, version, layout):
+def test_an_index_of_an_older_schema_is_rebuilt_on_open(tmp_path, caplog, version, layout):
+    caplog.set_level(logging.INFO, logger="opencortex.memory.index")
     root = tmp_path / "memory"
     with Archive(root) as archive:
         archive.append([say("the donated piano", CLI, sender="Caroline")])
@@ -231,6 +233,7 @@ def test_an_index_of_an_older_schema_is_rebuilt_on_open(tmp_path, version, layou
     with Archive(root) as reopened:
         assert [h.text for h in reopened.search("donate")] == ["the donated piano"]
         assert reopened.speakers("what did Caroline donate") == ["Caroline"]
+    assert f"is of layout {version}, not {SCHEMA_VERSION}; it is rebuilt" in caplog.text
     db = sqlite3.connect(root / "index.sqlite")
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'fts'").fetchone()[0] == 0

@@ -122,6 +122,9 @@ class MessageIndex(RankedSearch):
             db.execute("PRAGMA synchronous = NORMAL")
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version != SCHEMA_VERSION:
+                if version:
+                    log.info("index %s is of layout %d, not %d; it is rebuilt from the org "
+                             "files (once)", self.path, version, SCHEMA_VERSION)
                 self._create(db)
             elif self._tokenizer(db) != self._partitions.tokenizer:
                 log.info("index %s was made with another tokenizer; rebuilding it", self.path)
