@@ -92,6 +92,16 @@ def test_a_named_person_and_now_bring_their_newest_statement(archive):
     assert len(texts) == len(set(texts))           # the repeated small talk came once
 
 
+def test_a_named_persons_common_words_are_recalled_when_asked_not_in_a_remark(archive):
+    chat(archive, CLI, [("Bob", f"thanks, the trip was fine {n}") for n in range(60)] +
+         [("Ann", f"thanks, the trip was great {n}") for n in range(60)])
+    recall = Recall(archive, {})
+    assert recall.recall(EMACS, "thanks bob the trip", k=3) == []      # says nothing
+    asked = recall.recall(EMACS, "what did Bob say about the trip?", k=3)
+    assert [e.text.split("] ", 1)[1] for e in asked[:2]] == [
+        "thanks, the trip was fine 59", "thanks, the trip was fine 58"]   # his newest
+
+
 def test_a_question_naming_the_wrong_person_still_finds_what_was_said(archive):
     records = chat(archive, CLI, [("Tobias", f"Rosa, the flea market was busy again {n}")
                                   for n in range(6)] +

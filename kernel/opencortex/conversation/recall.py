@@ -83,6 +83,8 @@ this those through to too under until up very was we were what when where which 
 whom why will with would you your yours
 """.split())
 _WORD_EDGES = re.compile(r"^\W+|\W+$")
+_QUESTION_WORDS = frozenset("""what when where which who whom whose why how did does do is are
+was were can could will would should has have had""".split())
 
 
 def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
@@ -239,15 +241,17 @@ class Recall:
         words = recall_query(hint.text) if hint.text.strip() else recall_query(query)
         where = self._where(thread, allowed)
         named, rest = self._named(words, where)
+        asking = _is_question(query)
         search = partial(self.archive.search, exclude_ids=exclude_ids, snippets=snippets,
                          distinct=True, **where)
 
         def tiers(**options) -> tuple[list[SearchHit], list[SearchHit]]:
             """What the people named said, and every match (both ranked by OPTIONS).
-            What a named person said is worth recalling even when every word is
-            very common: then their newest matches (see `RankedSearch.search`)."""
-            said = search(rest, senders=named, **{**options, "informative_only": False}) \
-                if named else []
+            Asked about, what a named person said is worth recalling even when every
+            word is very common: then their newest matches (see `RankedSearch.search`);
+            a remark ("thanks Bob") recalls nothing then, as any other."""
+            said_options = {**options, "informative_only": False} if asking else options
+            said = search(rest, senders=named, **said_options) if named else []
             return said, search(words, **options)
         if hint.window is None and not hint.recent and self.dense is None:
             # Then the K best are the first K of the candidates, and only those are read,
@@ -356,6 +360,12 @@ def _partner(hit: SearchHit, before: MessageRecord | None, after: MessageRecord 
 def _asks(text: str) -> bool:
     """True when TEXT ends with a question mark."""
     return text.rstrip().endswith("?")
+
+
+def _is_question(text: str) -> bool:
+    """True when TEXT asks something: it ends with "?" or opens with a question word."""
+    first = _WORD_EDGES.sub("", text.split(maxsplit=1)[0]).casefold() if text.split() else ""
+    return _asks(text) or first in _QUESTION_WORDS
 
 
 def _newer_first(hits: list[SearchHit]) -> list[SearchHit]:
