@@ -160,6 +160,17 @@ def test_a_display_name_names_its_sender_through_moves_and_forgetting(archive):
     assert archive.speakers("what did Ortiz say", owners={"local"}) == []
 
 
+@pytest.mark.parametrize("sender", ['"', '""', "a\"b", "*", "NEAR(a b)", "x:y", "^x",
+                                    "AND", "🙂", "-"])
+def test_a_hostile_sender_or_name_is_plain_text_everywhere(archive, sender):
+    archive.append([say("hello walrus", ALICE, sender=sender, extra={"SENDER_NAME": sender})])
+    recall = Recall(archive, {})
+    assert recall.recall(ALICE, f"what did {sender} say about the walrus?", k=3)
+    assert "hello walrus" in recall.explain(ALICE, f"what did {sender} say about walrus?")
+    assert forget(archive, ALICE) == 1
+    assert archive.speakers(f"what did {sender} say", threads=[ALICE]) == []
+
+
 def test_a_reading_connection_knows_a_new_sender_at_once(archive):
     chat(archive, CLI, [("Dev", "the cave trip was fun")])
     with ThreadPoolExecutor(1) as reader, archive.lock:     # held: searches use a reader
