@@ -23,10 +23,11 @@ question ("last week", "in March", "2026-03-14") searches that period first;
 that names a sender in scope ("What did Caroline give?") also searches what
 that person said for the other words, and those hits lead (two for each
 other): in a chat a name in the text mostly greets the person addressed ("Bye
-Caroline!"), and the one asked about is the one who said it.  A text repeated word for word (small
-talk) is recalled once.  A hit that is a question brings the reply after it,
-and a reply the question before it ("next to a recalled message"), after the
-K best.  `explain` says what was recalled and why, for /recall.
+Caroline!"), and the one asked about is the one who said it.  A text repeated
+word for word (small talk) is recalled once.  A hit that is a question brings
+the reply after it, and a reply the question before it ("next to a recalled
+message"), after the K best.  `explain` says what was recalled and why, for
+/recall.
 
 Dense recall (optional, see `dense`): with an embedding model configured, the
 same scope is also ranked by the model, and the two rankings are fused by
@@ -364,8 +365,9 @@ def _asks(text: str) -> bool:
 
 def _is_question(text: str) -> bool:
     """True when TEXT asks something: it ends with "?" or opens with a question word."""
-    first = _WORD_EDGES.sub("", text.split(maxsplit=1)[0]).casefold() if text.split() else ""
-    return _asks(text) or first in _QUESTION_WORDS
+    words = text.split(maxsplit=1)
+    return _asks(text) or bool(words) and \
+        _WORD_EDGES.sub("", words[0]).casefold() in _QUESTION_WORDS
 
 
 def _newer_first(hits: list[SearchHit]) -> list[SearchHit]:
