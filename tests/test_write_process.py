@@ -125,6 +125,23 @@ def test_a_hung_child_fails_its_batch_within_the_timeout_and_is_killed(tmp_path)
         assert [r.text for r in archive.thread_records(THREAD)] == ["first", "then"]
 
 
+def test_a_paused_child_cannot_hold_a_batch_larger_than_a_pipe(tmp_path):
+    with Archive(tmp_path / "memory") as archive:
+        archive.write_in_a_process(timeout=0.5)
+        assert archive._write_process.wait_ready(WAIT)
+        archive.submit([said("first")]).result(WAIT)
+        pid = child_of(archive)
+        os.kill(pid, signal.SIGSTOP)
+        assert paused(pid)
+        started = time.monotonic()
+        with pytest.raises(WriterStopped, match=r"did not take the batch within 0.5 s"):
+            archive.submit([said("stuck " * 100_000)]).result(WAIT)     # 600 KB
+        assert time.monotonic() - started < WAIT
+        assert gone(pid, WAIT)
+        archive.submit([said("then")]).result(WAIT)
+        assert [r.text for r in archive.thread_records(THREAD)] == ["first", "then"]
+
+
 def test_a_file_the_child_cannot_write_fails_only_its_appends(archive):
     archive.thread_file(OTHER).parent.mkdir(parents=True, exist_ok=True)
     archive.thread_file(OTHER).mkdir()                 # not a file: open fails (EISDIR)
@@ -194,6 +211,24 @@ def test_a_child_that_died_while_idle_costs_nothing(archive):
     assert archive.submit([said("after")]).result(WAIT).records     # a new one is started
     assert gone(pid, WAIT) and archive._write_process.started == 2
     assert [r.text for r in archive.read_thread(THREAD)] == ["before", "after"]
+
+
+def test_a_child_that_dies_just_after_it_was_found_alive_costs_nothing(archive, monkeypatch):
+    archive.submit([said("before")]).result(WAIT)
+    pid = child_of(archive)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + WAIT
+    while state_of(pid) != "Z" and time.monotonic() < deadline:    # dead, not yet reaped
+        time.sleep(0.005)
+    process = archive._write_process
+    monkeypatch.setattr(process, "_usable", lambda: True)    # as if it died after the look
+    assert archive.submit([said("after " * 30000)]).result(WAIT).records   # > a pipe's buffer
+    assert gone(pid, WAIT) and process.started == 1 and process.failure is None
+    monkeypatch.undo()
+    assert archive.submit([said("later")]).result(WAIT).records
+    assert process.started == 2 and process.pid not in (None, pid)
+    assert [r.text.split()[0] for r in archive.read_thread(THREAD)] == ["before", "after",
+                                                                         "later"]
 
 
 def test_the_child_gets_no_environment(archive, monkeypatch):

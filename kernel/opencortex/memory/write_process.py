@@ -36,6 +36,8 @@ import json
 import logging
 import os
 import pickle
+import select
+import struct
 import subprocess
 import sys
 import threading
@@ -72,6 +74,10 @@ class WriterStopped(ArchiveError):
 
 class _NotStarted(WriterStopped):
     """A new child did not say it was ready."""
+
+
+class _NotSent(WriterStopped):
+    """The child ended before it read the whole batch: it wrote none of it."""
 
 
 class WriteProcess:
@@ -140,6 +146,11 @@ class WriteProcess:
                 return write_files(files, tails)
             try:
                 written = self._exchange(files)
+            except _NotSent as error:          # it died after it was looked at: none written
+                self._kill()
+                log.warning("archive writer process had ended (%s); this batch is written "
+                            "in the writer thread, the next starts a new one", error.reason)
+                return write_files(files, tails)
             except WriterStopped as error:
                 self._kill()
                 for pending in files:
@@ -178,7 +189,12 @@ class WriteProcess:
     def _ask(self, request: bytes) -> Any:
         """Send REQUEST, return the child's unpickled answer (bounded by `timeout`)."""
         try:
-            self._requests.send_bytes(request)
+            self._send(request)
+        except OSError as error:       # its end of the pipe closed: it read none or part
+            how = self._exit()
+            raise _NotSent(f"the archive's writer process had ended ({how})",
+                           reason=f"ended ({how})") from error
+        try:
             if not self._replies.poll(self.timeout):
                 raise WriterStopped(
                     f"the archive's writer process did not answer within {self.timeout:g} s "
@@ -189,6 +205,26 @@ class WriteProcess:
             raise WriterStopped(
                 f"the archive's writer process stopped ({how}) while saving; this turn was "
                 "not confirmed saved (a new one is started)", reason=f"stopped ({how})") from error
+
+    def _send(self, request: bytes) -> None:
+        """Write REQUEST framed as `Connection.send_bytes` frames it, within `timeout`:
+        a child that stopped reading (paused) cannot hold the writer thread."""
+        size = len(request)
+        header = struct.pack("!i", size) if size <= 0x7fffffff else \
+            struct.pack("!i", -1) + struct.pack("!Q", size)
+        data, fd = memoryview(header + request), self._requests.fileno()
+        deadline = time.monotonic() + self.timeout
+        while data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise WriterStopped(
+                    f"the archive's writer process did not take the batch within "
+                    f"{self.timeout:g} s (paused?); this turn was not saved",
+                    reason="not reading")
+            try:
+                data = data[os.write(fd, data):]
+            except BlockingIOError:
+                continue
 
     def _usable(self) -> bool:
         """Whether a ready child can take a batch now; starts one when none runs (one that
@@ -267,6 +303,7 @@ class WriteProcess:
         finally:
             os.close(to_child)
             os.close(from_child)
+        os.set_blocking(requests, False)     # see `_send`
         self._requests = Connection(requests, readable=False)
         self._replies = Connection(replies, writable=False)
         self._ready = False
