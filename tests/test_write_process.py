@@ -129,6 +129,27 @@ def test_a_hung_child_fails_its_batch_within_the_timeout_and_is_killed(tmp_path,
         assert [r.text for r in archive.thread_records(THREAD)] == ["first", "then"]
 
 
+def test_pipes_past_file_descriptor_1024_work(tmp_path):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if min(soft, hard) < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1200, hard), hard))
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+        pytest.skip("cannot open 1,200 files here")
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]   # select() stops at 1024
+    try:
+        with Archive(tmp_path / "memory") as archive:
+            archive.write_in_a_process()
+            assert archive._write_process.wait_ready(WAIT)
+            assert archive._write_process._requests.fileno() > 1024
+            assert archive.submit([said("high " * 20000)]).result(WAIT).records
+            assert archive._write_process.failure is None
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_a_file_the_child_cannot_write_fails_only_its_appends(archive):
     archive.thread_file(OTHER).parent.mkdir(parents=True, exist_ok=True)
     archive.thread_file(OTHER).mkdir()                 # not a file: open fails (EISDIR)

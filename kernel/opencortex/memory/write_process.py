@@ -213,10 +213,12 @@ class WriteProcess:
         header = struct.pack("!i", size) if size <= 0x7fffffff else \
             struct.pack("!i", -1) + struct.pack("!Q", size)
         data, fd = memoryview(header + request), self._requests.fileno()
+        writable = select.poll()                 # poll: no limit on the fd's number
+        writable.register(fd, select.POLLOUT)
         deadline = time.monotonic() + self.timeout
         while data:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([], [fd], [], left)[1]:
+            if left <= 0 or not writable.poll(max(1, int(left * 1000))):
                 raise WriterStopped(
                     f"the archive's writer process did not take the batch within "
                     f"{self.timeout:g} s (paused?); this turn was not saved",
