@@ -198,6 +198,14 @@ def test_verb_forms_only_with_the_english_stemmer(tmp_path):
         assert [h.text for h in plain.search("ran")] == ["I ran the Berlin marathon"]
 
 
+def test_a_text_said_by_the_person_named_and_by_another_is_recalled_once(archive):
+    chat(archive, CLI, [("Ann", "see you at the gym, buddy"), ("Bob", "see you at the gym, buddy"),
+                        ("Ann", "the gym closes early on Sundays")])
+    texts = [e.text.split("] ", 1)[1] for e in
+             Recall(archive, {}).recall(EMACS, "What did Bob say about the gym?", k=5)]
+    assert sorted(texts) == ["see you at the gym, buddy", "the gym closes early on Sundays"]
+
+
 def test_a_match_whose_message_row_is_gone_is_passed_over(archive):
     records = archive.append([say(f"the walrus sang song {n}", CLI) for n in range(12)])
     db = sqlite3.connect(archive.root / "index.sqlite")

@@ -56,6 +56,7 @@ from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
 from opencortex.memory.query import query_words
+from opencortex.memory.rows import text_key
 
 if TYPE_CHECKING:
     from opencortex.conversation.dense import DenseRecall
@@ -289,7 +290,9 @@ class Recall:
     def _kept(self, thread: Thread, allowed: set[str], found: list[SearchHit],
               hint: DateHint, query: str, exclude_ids: Collection[str]) -> list[Ranked]:
         """FOUND (the lexical hits, best first) each message once, fused with the dense
-        ranking if any, and checked to be of an ALLOWED owner (THREAD's or a shared one)."""
+        ranking if any, and checked to be of an ALLOWED owner (THREAD's or a shared one);
+        a text repeated word for word only where it first comes (each search returns a
+        text once; this holds across the lists merged and the dense ranking too)."""
         lexical = unique(found, seen=exclude_ids)        # a merged copy is the same message
         dense = self._dense(thread, hint.text if hint.text.strip() else query, exclude_ids,
                             hint)
@@ -302,6 +305,7 @@ class Recall:
             ranked = [r for r in ranked if r.hit.id in once]
         kept = []
         owners: dict[Thread, str] = {}        # each hit's thread's owner, found once
+        texts: set[str] = set()
         for item in ranked:
             where = item.hit.thread
             if where not in owners:
@@ -309,7 +313,10 @@ class Recall:
             if owners[where] not in allowed:
                 log.error("recall: dropped a hit outside the owner's scope")   # never expected
                 continue
-            kept.append(item)
+            text = text_key(item.hit.text)
+            if text not in texts:
+                texts.add(text)
+                kept.append(item)
         return kept
 
     def _dense(self, thread: Thread, text: str, exclude_ids: Collection[str],

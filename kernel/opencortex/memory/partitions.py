@@ -34,6 +34,7 @@ import unicodedata
 from collections.abc import Callable, Collection, Iterable
 
 from opencortex.events import Thread
+from opencortex.memory.query import fts_phrase
 from opencortex.memory.rows import WHO
 
 LOCAL_PARTITION = "local"
@@ -226,7 +227,7 @@ class Partitions:
         """Forget those of SENDERS that no message left in TABLE was sent by."""
         gone = [sender for sender in senders if not self._db.execute(
             f"SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT 1",
-            ("sender:" + '"' + sender.replace('"', '""') + '"',)).fetchone()]
+            (f"sender:{fts_phrase(sender)}",)).fetchone()]
         for sender in gone:
             self._db.execute("DELETE FROM senders WHERE tab = ? AND sender = ?",
                              (_number(table), sender))

@@ -39,7 +39,13 @@ def query_phrases(text: str, *, verb_forms: bool = False) -> list[str]:
     if verb_forms:
         words = list(dict.fromkeys(words + [form for word in words
                                             for form in other_forms(word)]))
-    return ['"' + word.replace('"', '""') + '"' for word in words]
+    return [fts_phrase(word) for word in words]
+
+
+def fts_phrase(text: str) -> str:
+    """TEXT as one quoted FTS5 phrase: every operator and special character in it is
+    plain text (the tokenizer splits it into words)."""
+    return '"' + text.replace('"', '""') + '"'
 
 
 def match_query(text: str) -> str | None:

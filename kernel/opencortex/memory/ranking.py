@@ -17,9 +17,9 @@ from contextlib import closing
 
 from opencortex.events import Thread
 from opencortex.memory.partitions import BM25_WEIGHTS, Partitions, folded_words, thread_token
-from opencortex.memory.query import query_phrases, query_words
+from opencortex.memory.query import fts_phrase, query_phrases, query_words
 from opencortex.memory.records import SearchHit
-from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_fields
+from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_fields, text_key
 
 log = logging.getLogger(__name__)
 _MISSING = (None,) * len(COLUMNS.split(","))      # the columns of a match without its message
@@ -91,7 +91,7 @@ class RankedSearch:
                     (scope is not None and Thread(row[5], row[6]) not in scope):
                 return False
             if distinct:
-                text = " ".join(row[4].casefold().split())
+                text = text_key(row[4])
                 if text in texts:
                     return False
                 texts.add(text)
@@ -137,7 +137,7 @@ class RankedSearch:
 
     def _sends_in(self, table: str, tokens: list[str], word: str) -> bool:
         """Whether a sender holding WORD has a message in the threads TOKENS of TABLE."""
-        match = f"thread:({' OR '.join(tokens)}) AND sender:{query_phrases(word)[0]}"
+        match = f"thread:({' OR '.join(tokens)}) AND sender:{fts_phrase(word)}"
         return self._db.execute(f"SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT 1",
                                 (match,)).fetchone() is not None
 

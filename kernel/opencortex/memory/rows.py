@@ -22,6 +22,11 @@ def who(sender: str | None, extra: Mapping[str, str]) -> str:
     return " ".join(part for part in (sender, extra.get(SENDER_NAME)) if part)
 
 
+def text_key(text: str) -> str:
+    """TEXT bar case and spacing: a text repeated word for word has one key."""
+    return " ".join(text.casefold().split())
+
+
 def is_control(extra: Mapping[str, str]) -> bool:
     """True for a control record (branch/head/pin bookkeeping, not conversation)."""
     return CONTROL_KEY in extra
