@@ -14,7 +14,9 @@ import textwrap
 import pytest
 
 from archive_helpers import LOCAL, entry_ends, make_record, say, torn_files
+from opencortex.events import Thread
 from opencortex.memory import Archive
+from opencortex.memory import archive as archive_module
 from opencortex.memory.completeness import complete_length, last_entry_start, parse_thread_file
 from opencortex.memory.orgformat import (EntryError, Part, parse_entry, read_entry, render_entry,
                                          render_header)
@@ -187,6 +189,38 @@ def test_opening_repairs_torn_tails(tmp_path):
         assert reopened.read_thread(LOCAL) == [kept]
         assert reopened.history(LOCAL) == [kept]
         assert len(torn_files(path)) == 1
+
+
+def test_opening_opens_only_the_files_the_index_has_not_seen_at_their_size(
+        tmp_path, monkeypatch):
+    """A start stats each thread file and opens none the index has seen whole (it used
+    to open and lock every file twice: 0.16 s for 2,000 threads); a file torn
+    meanwhile, or new to the index, is still opened, repaired and indexed."""
+    root = tmp_path / "memory"
+    threads = [Thread("emacs", f"t{i}") for i in range(12)]
+    with Archive(root) as archive:
+        for thread in threads:
+            archive.append([say(f"hello {thread.chat_id}", thread)])
+        (kept,) = archive.append([say("kept", threads[7])])
+        archive.append([say("torn", threads[7])])
+        torn, other = archive.thread_file(threads[7]), archive.thread_file(threads[3])
+    opened = []
+    real_locked = archive_module.locked
+    monkeypatch.setattr(archive_module, "locked",
+                        lambda path, **kw: opened.append(path) or real_locked(path, **kw))
+    with Archive(root):
+        assert opened == []
+    torn.write_bytes(torn.read_bytes()[:-10])
+    (root / "index.sqlite").unlink()        # ... and one the index has not seen: all of them
+    with Archive(root) as reopened:
+        assert set(opened) == {reopened.thread_file(t) for t in threads}
+    opened.clear()
+    other.write_bytes(other.read_bytes() + b"* torn")
+    with Archive(root) as reopened:
+        assert set(opened) == {other}
+        assert reopened.read_thread(threads[7])[-1] == kept
+        assert [m.text for m in reopened.history(threads[3])] == ["hello t3"]
+        assert len(torn_files(torn)) == 1 and len(torn_files(other)) == 1
 
 
 def test_two_processes_appending_to_one_file_keep_a_single_chain(tmp_path):

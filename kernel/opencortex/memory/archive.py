@@ -24,7 +24,8 @@ under `opencortex serve` that thread has the files written by a child process
 (`write_in_a_process`, see `write_process`) and indexes what it answers.
 
 The index remembers how many bytes of each file it has seen; on open it reads
-only what grew since (and rereads a file that shrank).  After editing archive
+only what grew since (and rereads a file that shrank), and a file of the size
+it has seen is not even opened (a stat tells).  After editing archive
 files by hand, call `reindex()`.  Searches read through a connection of their
 own, so they do not wait for the writer's files and fsyncs.
 """
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING
 from opencortex.events import Thread
 from opencortex.memory.archive_queries import ArchiveQueries, check_limit
 from opencortex.memory.index import MessageIndex
-from opencortex.memory.layout import ThreadFiles, org_files, threads_under
+from opencortex.memory.layout import ThreadFiles, org_file_sizes, threads_under
 from opencortex.memory.partitions import DEFAULT_TOKENIZER, Partition
 from opencortex.memory.readers import Readers, searching
 from opencortex.memory.completeness import parse_thread_file
@@ -139,9 +140,6 @@ class Archive(ArchiveQueries):
 
     def _name(self, path: Path) -> str:
         return self._files.name(path)
-
-    def _org_files(self) -> list[Path]:
-        return org_files(self.root)
 
     def threads(self) -> list[Thread]:
         """Every thread with a file in the archive, sorted."""
@@ -319,13 +317,22 @@ class Archive(ArchiveQueries):
         """
         reports = []
         with self._lock:
-            for path in self._org_files():
+            for path in self._changed_files():
                 with locked(path, exclusive=True) as fd:
                     _, _, report = settle_tail(fd, path, self._name(path))
                 if report:
                     reports.append(report)
             self._catch_up()
         return reports
+
+    def _changed_files(self) -> list[Path]:
+        """The thread files not of the size the index has seen, and those it has not
+        seen.  The others end with the last write indexed, which was whole (a size
+        is only recorded after a whole write): a stat each tells, with no file opened
+        or locked (a start used to open every file twice: 0.16 s for 2,000 threads)."""
+        known = self._index.file_sizes()
+        return [self.root / name for name, size in sorted(org_file_sizes(self.root).items())
+                if known.get(name) != size]
 
     def replace_indexed(self, path: Path, entries: Sequence[tuple[int, MessageRecord]],
                         size: int) -> None:
@@ -348,11 +355,11 @@ class Archive(ArchiveQueries):
     def _catch_up(self) -> None:
         """Index what the org files hold beyond what the index has seen."""
         known = self._index.file_sizes()
-        names = set()
-        for path in self._org_files():
-            names.add(self._name(path))
-            self._catch_up_file(path, known.get(self._name(path)))
-        for gone in known.keys() - names:
+        sizes = org_file_sizes(self.root)
+        for name in sorted(sizes):
+            if known.get(name) != sizes[name]:
+                self._catch_up_file(self.root / name, known.get(name))
+        for gone in known.keys() - sizes.keys():
             self._index.forget_file(gone)
 
     def _catch_up_file(self, path: Path, known: int | None) -> None:

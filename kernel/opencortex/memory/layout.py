@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from pathlib import Path
 from urllib.parse import quote
 
@@ -65,6 +66,24 @@ class ThreadFiles:
 def org_files(root: Path) -> list[Path]:
     """Every thread file under ROOT, sorted."""
     return sorted(p for p in root.glob("*/*.org") if p.is_file())
+
+
+def org_file_sizes(root: Path) -> dict[str, int]:
+    """The size of every thread file under ROOT by its name relative to ROOT (as the
+    index records it): one scan of each channel's directory and a stat per file."""
+    sizes = {}
+    with os.scandir(root) as channels:
+        for channel in channels:
+            if not channel.is_dir():
+                continue
+            with os.scandir(channel.path) as entries:
+                for entry in entries:
+                    if entry.name.endswith(".org") and entry.is_file():
+                        try:
+                            sizes[f"{channel.name}/{entry.name}"] = entry.stat().st_size
+                        except FileNotFoundError:       # removed meanwhile
+                            continue
+    return sizes
 
 
 def threads_under(root: Path) -> list[Thread]:
