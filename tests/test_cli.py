@@ -125,6 +125,20 @@ def test_memory_search_and_reindex(home):
     assert len(json.loads(oc(home, "memory", "search", "fox", "--json").stdout)["hits"]) == 2
 
 
+def test_memory_search_shows_archived_text_as_one_visible_line(home):
+    """What was archived is anyone's text (a model, a group member): `memory search`
+    prints each hit on one line with its escape sequences shown, never obeyed (it
+    used to print them raw: a window title set, the screen cleared)."""
+    said = "evil \x1b]0;PWNED\x07 title\nand \x1b[2J clear \u202e"
+    assert oc(home, "chat", "-m", said).returncode == 0
+    run = oc(home, "memory", "search", "title")
+    assert run.returncode == 0 and len(run.stdout.splitlines()) == 2     # question, echo
+    assert not any(c in run.stdout for c in "\x1b\x07\u202e")
+    assert "␛]0;PWNED␇ [title] and ␛[2J clear" in run.stdout
+    hits = json.loads(oc(home, "memory", "search", "title", "--json").stdout)["hits"]
+    assert {h["text"] for h in hits} >= {said}                  # JSON keeps the exact text
+
+
 def test_doctor_names_what_is_missing_with_fixes(home):
     run = oc(home, "doctor")
     assert "python: sexpdata" in run.stdout

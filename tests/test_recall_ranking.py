@@ -366,6 +366,17 @@ def test_explain_says_what_matched_when_and_the_period(archive):
     assert Recall(archive, {}).explain(EMACS, "zebra").endswith("Nothing recalled.")
 
 
+def test_explain_names_only_the_words_matched_not_brackets_of_the_text(archive):
+    """The words matched are marked apart from the text: an echo's "[Echo]", an org
+    link or a checkbox of the text is no match (they used to be listed as matched),
+    while the search output keeps its bracketed snippet."""
+    archive.append([say("[Echo] my cats, see [[file:cats.org][the list]] [x] done", CLI)])
+    text = Recall(archive, {}).explain(EMACS, "cat")
+    assert "matched: cats\n" in text
+    [hit] = archive.search("cat", thread=CLI)
+    assert hit.matched == ["cats"] and "[cats]" in hit.snippet
+
+
 @pytest.mark.parametrize("question, start, end", [
     ("what happened yesterday", "2026-11-19", "2026-11-20"),
     ("anything last week?", "2026-11-09", "2026-11-21"),

@@ -11,6 +11,7 @@ from opencortex.clireport import EXIT_FAILED, EXIT_OK, print_json
 from opencortex.config import Config, load_config
 from opencortex.events import Thread
 from opencortex.homeaccess import home_problem, require_writable_home, sole_writer
+from opencortex.untrusted import visible
 
 if TYPE_CHECKING:
     from opencortex.memory.importer import ImportReport
@@ -136,8 +137,10 @@ def _print_hits(hits: list[Any], warnings: list[str], as_json: bool) -> int:
         return EXIT_OK
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    for hit in hits:
-        print(f"{hit.channel}:{hit.chat_id}  {hit.role:<9} {hit.id}  {hit.snippet}")
+    for hit in hits:            # archived text is anyone's: one line each, no controls
+        snippet = " ".join(hit.snippet.split())
+        print(visible(f"{hit.channel}:{hit.chat_id}  {hit.role:<9} {hit.id}  {snippet}"
+                      .replace("\n", " ")))
     if not hits:
         print("no matches", file=sys.stderr)
     return EXIT_OK

@@ -8,7 +8,6 @@ and names are the archive's (untrusted): shown on one line each, cut short.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -18,8 +17,6 @@ from opencortex.memory.rows import who
 
 if TYPE_CHECKING:
     from opencortex.conversation.recall import Recall
-
-_MARKED = re.compile(r"\[([^\]]+)\]")
 
 
 def explain(recall: Recall, thread: Thread, query: str, *, k: int = 10) -> str:
@@ -43,7 +40,7 @@ def explain(recall: Recall, thread: Thread, query: str, *, k: int = 10) -> str:
         lines.append("asks about the present: newer matches ranked higher")
     for number, item in enumerate(ranked, 1):
         hit = item.hit
-        terms = ", ".join(dict.fromkeys(t.lower() for t in _MARKED.findall(hit.snippet)))
+        terms = ", ".join(hit.matched)
         when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d %H:%M")
         text = " ".join(hit.text.split())
         sender = " ".join(who(hit.sender, hit.extra).split())

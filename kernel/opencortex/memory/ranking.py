@@ -9,6 +9,7 @@ rarer words of a query are ranked (see `RankedSearch.search`).
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -23,6 +24,7 @@ from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_field
 
 log = logging.getLogger(__name__)
 _MISSING = (None,) * len(COLUMNS.split(","))      # the columns of a match without its message
+_HIGHLIGHTED = re.compile("\x02([^\x02\x03]*)\x03")   # a matched word, as `_snippets` marks it
 
 COMMON_DOCS = 2000          # a word found in more messages than this is "very common"
 WEIGHTLESS_FLOOR = 50       # ... as is one in more than half of an owner's and than this
@@ -110,7 +112,9 @@ class RankedSearch:
         for _, row, _, _ in kept:
             record = record_fields(row[2:])
             if not is_control(record["extra"]):    # an index built before control records
-                hits.append(SearchHit(**record, score=-row[1], snippet=marked.get(row[0], "")))
+                snippet, matched = marked.get(row[0], ("", []))
+                hits.append(SearchHit(**record, score=-row[1], snippet=snippet,
+                                      matched=matched))
         return hits
 
     def speakers(self, query: str, threads: Collection[Thread] | None = None,
@@ -187,14 +191,20 @@ class RankedSearch:
         newest = self._matches(table, match, wanted, False, window, returnable) or []
         return [((1, -row[0]), row, table, words) for row in newest]
 
-    def _snippets(self, kept: list[tuple[tuple, tuple, str, str]]) -> dict[int, str]:
-        """rowid -> snippet of the matched words, for the KEPT matches."""
-        snippets: dict[int, str] = {}
+    def _snippets(self, kept: list[tuple[tuple, tuple, str, str]]
+                  ) -> dict[int, tuple[str, list[str]]]:
+        """rowid -> (snippet with the matched words in brackets, the words matched) for
+        the KEPT matches.  The words are read from marks text hardly holds (a bracket
+        of the text itself, "[Echo]" or an org link, is no match)."""
+        snippets: dict[int, tuple[str, list[str]]] = {}
         for _, (rowid, *_), table, words in kept:    # one seek per row: no full match list
             row = self._db.execute(
-                f"SELECT snippet({table}, 0, '[', ']', '…', 12) FROM {table} "
+                f"SELECT snippet({table}, 0, '[', ']', '…', 12), "
+                f"highlight({table}, 0, char(2), char(3)) FROM {table} "
                 f"WHERE {table} MATCH ? AND rowid = ?", (words, rowid)).fetchone()
-            snippets[rowid] = row[0] if row else ""
+            matched = [] if row is None else list(dict.fromkeys(
+                word.lower() for word in _HIGHLIGHTED.findall(row[1])))
+            snippets[rowid] = (row[0] if row else "", matched)
         return snippets
 
     def _rarest(self, table: str, phrases: list[str]) -> list[str]:

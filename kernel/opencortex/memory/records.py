@@ -190,3 +190,4 @@ class SearchHit(MessageRecord):
 
     score: float
     snippet: str
+    matched: list[str] = Field(default_factory=list)   # the words it matched (lower case)
