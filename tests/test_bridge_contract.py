@@ -102,6 +102,18 @@ def test_org_becomes_platform_html_and_nothing_else_is_markup():
     assert "\x1b" not in html and "\x07" not in html
 
 
+@pytest.mark.parametrize("text", ["https://bank.example", "www.bank.example",
+                                  "bank.example/login", "mailto:help@bank.example"])
+def test_a_link_whose_text_names_another_address_shows_where_it_goes(text):
+    """Model text on a phone: `[[https://evil.example][https://bank.example]]` would show
+    the bank and open the other; the real address is written beside such a text."""
+    html = to_html(f"pay at [[https://evil.example/x][{text}]] today")
+    assert f'<a href="https://evil.example/x">{text}</a> (https://evil.example/x)' in html
+    same = to_html("[[https://bank.example][https://bank.example]] [[https://b.example][the bank]]")
+    assert same == ('<a href="https://bank.example">https://bank.example</a> '
+                    '<a href="https://b.example">the bank</a>')
+
+
 # -- approvals ------------------------------------------------------------------
 
 class Surface:

@@ -4,7 +4,8 @@ The subset both Telegram's and Matrix's HTML carry: headings become bold lines,
 `*bold*`, `/italic/`, `_underline_`, `+strike+`, `=verbatim=` and `~code~`
 become b/i/u/s/code, `#+begin_src LANG` … `#+end_src` and ``` fences become
 `<pre><code>`, `#+begin_quote` becomes a blockquote, and `[[URL][text]]` a link —
-only for http, https and mailto URLs; any other link is shown as text.  Every
+only for http, https and mailto URLs; any other link is shown as text, and a
+link whose text names an address has its real one written beside it.  Every
 other character is HTML-escaped, and control characters are made visible
 (`opencortex.untrusted.visible`), so a reply can never inject markup.
 
@@ -29,6 +30,9 @@ _EMPHASIS = r"(?P<pre>^|[\s(\"'{])(?P<mark>[*/_+=~])(?P<body>[^\s*/_+=~](?:.*?[^
 _INLINE = re.compile(f"{_LINK}|{_EMPHASIS}")
 _TAGS = {"*": "b", "/": "i", "_": "u", "+": "s", "=": "code", "~": "code"}
 SAFE_SCHEMES = ("http://", "https://", "mailto:")
+# Link text that names an address ("https://bank.example", "www.bank.example",
+# "bank.example/login") could hide where the link goes: the address is shown beside it.
+_NAMES_AN_ADDRESS = re.compile(r"(?i)[a-z][a-z0-9+.-]*:/*[^\s/]|www\.|[a-z0-9-]\.[a-z]{2,}\b")
 
 
 def _escape(text: str) -> str:
@@ -55,7 +59,10 @@ def _inline(line: str) -> str:
 def _link(url: str, desc: str | None) -> str:
     shown = _inline(desc) if desc else _escape(url)
     if url.lower().startswith(SAFE_SCHEMES):
-        return f'<a href="{html.escape(visible(url), quote=True)}">{shown}</a>'
+        link = f'<a href="{html.escape(visible(url), quote=True)}">{shown}</a>'
+        if desc and desc.strip() != url and _NAMES_AN_ADDRESS.search(desc):
+            link += f" ({_escape(url)})"
+        return link
     return shown if desc else _escape(f"[[{url}]]")
 
 
