@@ -198,6 +198,25 @@ def test_telegram_export_with_entities_senders_and_an_assistant(archive, tmp_pat
     assert (again.added, again.duplicates) == (0, 4)
 
 
+def test_an_odd_display_name_is_cleaned_as_the_bridges_clean_it_never_refused(
+        archive, tmp_path):
+    """A display name is anyone's choice: one of several lines, with escape sequences
+    or thousands of characters is kept cleaned and cut (as a bridge keeps it), and its
+    message imported (it used to be skipped: a name over 512 characters lost it)."""
+    odd = "Eve\n\x1b]0;X\x07 " + "A" * 5000
+    source = tmp_path / "result.json"
+    source.write_text(json.dumps(export(tg(1, "kept", sender=odd), tg(2, "also", sender=""),
+                                        tg(3, "no name", sender=None))))
+    report = import_file(archive, source)
+    assert (report.added, report.problems) == (3, 0)
+    first, second, third = archive.read_thread(Thread("telegram", "-1001234"))
+    assert first.extra["SENDER_NAME"] == ("Eve ]0;X " + "A" * 5000)[:256]
+    assert "SENDER_NAME" not in second.extra and "SENDER_NAME" not in third.extra
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(export(tg(1, "x", sender=["not", "text"]))))
+    assert "from must be text or null" in str(import_file(archive, bad).shown[0])
+
+
 def test_the_thread_follows_the_chat_type_or_the_option(archive, tmp_path):
     for chat_type, chat_id, expected in [("personal_chat", 55, "55"), ("private_group", 56, "-56"),
                                          ("public_channel", 57, "-10057")]:

@@ -18,7 +18,18 @@ from opencortex.problems import describe
 CHANNELS: tuple[str, ...] = ("emacs", "cli", "telegram", "signal", "matrix")
 Channel = Literal["emacs", "cli", "telegram", "signal", "matrix"]
 TEXT_LABEL = "the message text"
+MAX_DISPLAY_NAME = 256          # characters of a sender's display name kept
 
+
+
+def display_name(value: str) -> str | None:
+    """VALUE, a display name anyone may choose, on one line without control or format
+    characters (lone surrogates included), cut to MAX_DISPLAY_NAME characters; None
+    when nothing is left.  A long or odd name is cleaned, never refused."""
+    value = value[:16 * MAX_DISPLAY_NAME]        # what cleaning could still keep
+    name = " ".join("".join(" " if unicodedata.category(c)[0] == "C" else c
+                            for c in value).split())
+    return name[:MAX_DISPLAY_NAME].rstrip() or None
 
 class EventError(ValueError):
     """An event was refused; the message says which field and why."""
@@ -62,7 +73,7 @@ class ChatMessage(BaseModel):
     channel: Channel
     chat_id: str = Field(min_length=1, max_length=512)
     sender: str | None = Field(default=None, max_length=512)
-    sender_name: str | None = Field(default=None, max_length=256)  # display only, see below
+    sender_name: str | None = Field(default=None, max_length=MAX_DISPLAY_NAME)  # display only, see below
     message_id: str | None = Field(default=None, max_length=256)  # the platform's, if any
     received_at: datetime = Field(default_factory=_now)
 
@@ -86,14 +97,9 @@ class ChatMessage(BaseModel):
     @classmethod
     def _one_line_name(cls, value: Any) -> Any:
         """The sender's display name (a bridge's; anyone may choose theirs, so it is
-        never used for access: recall uses it to know who a question names), on
-        one line without control characters, cut to 256 characters; None when
-        nothing is left."""
-        if not isinstance(value, str):
-            return value                    # None, or refused as not text
-        name = " ".join("".join(" " if unicodedata.category(c)[0] == "C" else c
-                                for c in value).split())
-        return name[:256].rstrip() or None
+        never used for access: recall uses it to know who a question names), as
+        `display_name` cleans it."""
+        return display_name(value) if isinstance(value, str) else value   # else refused
 
     @field_validator("received_at")
     @classmethod

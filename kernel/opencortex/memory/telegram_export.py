@@ -11,7 +11,8 @@ an export of any size needs little memory.
 - Thread: the THREAD given, else telegram:<chat id> spelt as the Bot API (and
   so the Telegram bridge) spells it: groups -ID, supergroups and channels -100ID.
 - Sender: `from_id` without its "user" prefix (the bridge's sender id); the
-  display name goes into a SENDER_NAME property.
+  display name goes into a SENDER_NAME property, cleaned as the bridges clean
+  it (`events.display_name`: one line, cut short), never refusing the message.
 - Role: "assistant" for a sender named in ASSISTANTS (by name, from_id or
   number); "user" for everyone else, the person and other people alike.
 - Service messages (joins, pins, calls) and messages with nothing to keep are
@@ -28,7 +29,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
-from opencortex.events import Thread
+from opencortex.events import Thread, display_name
 from opencortex.memory.importer import (MAX_NAME, BadMessage, ImportFailed, Problem, Read,
                                         check_name, make_item, parse_time)
 from opencortex.memory.rows import SENDER_NAME
@@ -180,7 +181,10 @@ def message_item(data: Any, position: int, thread: Thread, assistants: set[str])
             raise BadMessage("date is missing")
         when = parse_time(data.get("date_unixtime", data.get("date")))
         text = message_text(data)
-        name = check_name(data.get("from"), "from")
+        name = data.get("from")
+        if name is not None and not isinstance(name, str):
+            raise BadMessage("from must be text or null")
+        name = display_name(name) if name else None     # anyone's choice: cleaned, kept
         from_id = check_name(data.get("from_id"), "from_id")
     except BadMessage as error:
         return Problem(where, str(error))
