@@ -16,7 +16,7 @@ import pytest
 from archive_helpers import LOCAL, entry_ends, make_record, say, torn_files
 from opencortex.events import Thread
 from opencortex.memory import Archive
-from opencortex.memory import archive as archive_module
+from opencortex.memory import upkeep
 from opencortex.memory.completeness import complete_length, last_entry_start, parse_thread_file
 from opencortex.memory.orgformat import (EntryError, Part, parse_entry, read_entry, render_entry,
                                          render_header)
@@ -205,8 +205,8 @@ def test_opening_opens_only_the_files_the_index_has_not_seen_at_their_size(
         archive.append([say("torn", threads[7])])
         torn, other = archive.thread_file(threads[7]), archive.thread_file(threads[3])
     opened = []
-    real_locked = archive_module.locked
-    monkeypatch.setattr(archive_module, "locked",
+    real_locked = upkeep.locked
+    monkeypatch.setattr(upkeep, "locked",
                         lambda path, **kw: opened.append(path) or real_locked(path, **kw))
     with Archive(root):
         assert opened == []

@@ -47,12 +47,13 @@ from typing import TYPE_CHECKING
 from opencortex.events import Thread
 from opencortex.memory.archive_queries import ArchiveQueries, check_limit
 from opencortex.memory.index import MessageIndex
-from opencortex.memory.layout import ThreadFiles, org_file_sizes, threads_under
+from opencortex.memory.layout import ThreadFiles, threads_under
 from opencortex.memory.partitions import DEFAULT_TOKENIZER, Partition
 from opencortex.memory.readers import Readers, searching
 from opencortex.memory.completeness import parse_thread_file
 from opencortex.memory.records import MessageRecord, NewMessage, check_thread
-from opencortex.memory.threadfile import ArchiveError, Tails, locked, read_range, settle_tail
+from opencortex.memory.threadfile import ArchiveError, Tails, locked, read_range
+from opencortex.memory.upkeep import BackgroundCatchUp, IndexUpkeep
 from opencortex.memory.writer import Appended, GroupWriter, Job, plan, write_files
 
 if TYPE_CHECKING:
@@ -64,18 +65,20 @@ INDEX_NAME = "index.sqlite"
 MESSAGE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}")   # an id given to `append`
 
 
-class Archive(ArchiveQueries):
+class Archive(ArchiveQueries, IndexUpkeep):
     """Remembered messages: org files per thread plus a SQLite FTS5 index (searched
-    as `ArchiveQueries` says)."""
+    as `ArchiveQueries` says, kept in step with the files as `IndexUpkeep` says)."""
 
     def __init__(self, root: Path, *, read_only: bool = False,
-                 tokenizer: str = DEFAULT_TOKENIZER):
+                 tokenizer: str = DEFAULT_TOKENIZER, background: bool = False):
         """Open the archive at ROOT (created when missing), repairing torn writes.
 
         READ_ONLY (a home that cannot be written): nothing is created or repaired,
         the index is built in memory from the org files, and `append` refuses.
         TOKENIZER: "porter" (English stemming, the default) or "unicode61"
         (words as written); an index made with another one is rebuilt.
+        BACKGROUND (a long-lived kernel): much to index (a lost index, a new
+        layout) is indexed by a thread while the archive is used (see `catchup`).
         """
         self.root = Path(root)
         self.read_only = read_only
@@ -86,16 +89,17 @@ class Archive(ArchiveQueries):
         self._readers: Readers | None = None         # the connections searches read through
         self._write_process: WriteProcess | None = None   # see `write_in_a_process`
         self.files_made = 0          # thread files this archive created (recall looks again)
+        self._catching_up: BackgroundCatchUp | None = None
         if read_only:
             self._index = MessageIndex(Path(":memory:"), tokenizer=tokenizer)
-            with self._lock:
-                self._catch_up()
+            self._catch_up()
             return
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._index = MessageIndex(self.root / INDEX_NAME, tokenizer=tokenizer)
         self._readers = Readers(self.root / INDEX_NAME, tokenizer,
                                 lambda: self._index.generation)
-        self.repair()
+        self._settle_tails()
+        self._catch_up(background=background)
 
     def __enter__(self) -> Archive:
         return self
@@ -106,6 +110,7 @@ class Archive(ArchiveQueries):
     def close(self) -> None:
         """Write what was submitted (waiting a bounded time), stop the writer thread, and
         close the index (the org files are closed after every operation)."""
+        self._stop_catching_up()
         stopped = self._writer.close()
         if self._write_process is not None and stopped:
             self._write_process.close()
@@ -306,78 +311,3 @@ class Archive(ArchiveQueries):
                         "Archive.repair() moves it aside", self._name(path),
                         len(data) - parsed.length)
         return [record for _, record in parsed.entries if record.thread == thread]
-
-    # -- maintenance -------------------------------------------------------
-
-    def repair(self) -> list[str]:
-        """Move incomplete last writes aside whole (losing nothing), then bring the
-        index up to date.
-
-        Returns one report per file that was repaired.
-        """
-        reports = []
-        with self._lock:
-            for path in self._changed_files():
-                with locked(path, exclusive=True) as fd:
-                    _, _, report = settle_tail(fd, path, self._name(path))
-                if report:
-                    reports.append(report)
-            self._catch_up()
-        return reports
-
-    def _changed_files(self) -> list[Path]:
-        """The thread files not of the size the index has seen, and those it has not
-        seen.  The others end with the last write indexed, which was whole (a size
-        is only recorded after a whole write): a stat each tells, with no file opened
-        or locked (a start used to open every file twice: 0.16 s for 2,000 threads)."""
-        known = self._index.file_sizes()
-        return [self.root / name for name, size in sorted(org_file_sizes(self.root).items())
-                if known.get(name) != size]
-
-    def replace_indexed(self, path: Path, entries: Sequence[tuple[int, MessageRecord]],
-                        size: int) -> None:
-        """Index PATH anew as ENTRIES (offset, record) up to SIZE bytes, after `retention`
-        rewrote it (or removed it: no entries, size 0)."""
-        name = self._name(path)
-        with self._lock:
-            self._index.forget_file(name)
-            if entries:
-                self._index.add((name, offset, record) for offset, record in entries)
-                self._index.set_file_size(name, size)
-
-    def reindex(self) -> int:
-        """Drop the index and rebuild it from the org files; returns the message count."""
-        with self._lock:
-            self._index.clear()
-            self._catch_up()
-            return self._index.count()
-
-    def _catch_up(self) -> None:
-        """Index what the org files hold beyond what the index has seen."""
-        known = self._index.file_sizes()
-        sizes = org_file_sizes(self.root)
-        for name in sorted(sizes):
-            if known.get(name) != sizes[name]:
-                self._catch_up_file(self.root / name, known.get(name))
-        for gone in known.keys() - sizes.keys():
-            self._index.forget_file(gone)
-
-    def _catch_up_file(self, path: Path, known: int | None) -> None:
-        name = self._name(path)
-        with locked(path, exclusive=False) as fd:
-            size = os.fstat(fd).st_size
-            if known == size:
-                return
-            start = 0
-            if known and known < size and read_range(fd, known - 1, known + 1) == b"\n*":
-                start = known
-            data = read_range(fd, start, size)
-        if start == 0:
-            self._index.forget_file(name)
-        parsed = parse_thread_file(data, base=start)
-        added = self._index.add((name, offset, rec) for offset, rec in parsed.entries)
-        self._index.set_file_size(name, start + parsed.length)
-        log.info("indexed %d message(s) from %s (bytes %d..%d)", added, name, start,
-                 start + parsed.length)
-
-

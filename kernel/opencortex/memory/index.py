@@ -289,6 +289,11 @@ class MessageIndex(RankedSearch):
         """For each known org file, how many of its bytes are indexed."""
         return dict(self._db.execute("SELECT path, size FROM files"))
 
+    def file_size(self, file: str) -> int | None:
+        """How many of FILE's bytes are indexed (None: none are known)."""
+        row = self._db.execute("SELECT size FROM files WHERE path = ?", (file,)).fetchone()
+        return None if row is None else row[0]
+
     def set_file_size(self, file: str, size: int, *, previous: int | None = None) -> bool:
         """Record that FILE is indexed up to SIZE bytes.
 

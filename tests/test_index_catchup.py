@@ -1,0 +1,103 @@
+"""An index far behind the org files is caught up in the background by a long-lived
+kernel's archive: it opens at once, turns are written and indexed meanwhile, and the
+index ends up as a rebuild would make it (see `memory.catchup`)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from archive_helpers import say
+from opencortex.events import Thread
+from opencortex.memory import Archive
+from opencortex.memory import upkeep
+
+THREADS = [Thread("emacs", f"t{i}") for i in range(6)]
+WAIT = 30.0            # seconds any wait of these tests lasts at most
+
+
+def rows(archive: Archive) -> list[tuple]:
+    """What the index holds: each message's id, file and place, in order."""
+    return archive._index._db.execute(
+        "SELECT id, file, offset FROM messages ORDER BY file, offset").fetchall()
+
+
+@pytest.fixture
+def behind(tmp_path, monkeypatch):
+    """An archive of 6 threads whose index was lost; catch-up always in the background,
+    a few hundred bytes per chunk."""
+    monkeypatch.setattr(upkeep, "INLINE_BYTES", 0)
+    monkeypatch.setattr(upkeep, "CHUNK_BYTES", 600)
+    root = tmp_path / "memory"
+    with Archive(root) as archive:
+        for number, thread in enumerate(THREADS):
+            for turn in range(8):
+                archive.append([say(f"walrus note {number}.{turn}", thread),
+                                say(f"reply {number}.{turn} " + "x" * 900 * (turn == 3), thread,
+                                    role="assistant")])
+        whole = rows(archive)
+    for suffix in ("", "-wal", "-shm"):
+        (root / f"index.sqlite{suffix}").unlink(missing_ok=True)
+    return root, whole
+
+
+def gated(monkeypatch) -> threading.Event:
+    """Hold every background chunk until the event is set."""
+    gate = threading.Event()
+    chunk = Archive._catch_up_chunk
+
+    def held(self, path):
+        assert gate.wait(WAIT)
+        return chunk(self, path)
+    monkeypatch.setattr(Archive, "_catch_up_chunk", held)
+    return gate
+
+
+def test_an_archive_opens_at_once_and_is_indexed_while_in_use(behind, monkeypatch):
+    root, whole = behind
+    gate = gated(monkeypatch)
+    with Archive(root, background=True) as archive:
+        assert "indexing the org files in the background: 0 of 6" in archive.index_report()
+        assert archive.search("walrus") == []                 # nothing indexed yet
+        [new] = archive.append([say("a walrus joined late", THREADS[2])])
+        assert [h.id for h in archive.search("late")] == [new.id]
+        assert len(archive.thread_records(THREADS[4])) == 16   # opened: caught up whole
+        gate.set()
+        assert archive.wait_indexed(WAIT)
+        assert archive.index_report() == "up to date with the org files"
+        assert len(archive.search("walrus", limit=100)) == 49
+        now = rows(archive)
+        assert len(now) == len(whole) + 1 and set(whole) <= set(now)
+        for thread in THREADS:
+            assert archive.history(thread, limit=100) == archive.read_thread(thread)
+
+
+def test_a_chunk_at_a_time_indexes_what_a_rebuild_does(behind):
+    """Chunks end at whole writes; a write longer than a chunk (the 900 x) is read whole."""
+    root, whole = behind
+    with Archive(root, background=True) as archive:
+        assert archive.wait_indexed(WAIT)
+        assert rows(archive) == whole
+        archive.reindex()
+        assert rows(archive) == whole
+
+
+def test_closing_stops_the_catch_up_and_the_next_open_finishes_it(behind, monkeypatch):
+    root, whole = behind
+    gate = gated(monkeypatch)
+    archive = Archive(root, background=True)
+    threading.Timer(0.2, gate.set).start()       # the chunk under way when closing ends
+    archive.close()
+    monkeypatch.undo()
+    with Archive(root) as reopened:              # a command: caught up before it opens
+        assert rows(reopened) == whole
+        assert reopened.index_report() == "up to date with the org files"
+
+
+def test_little_to_index_is_indexed_before_the_archive_opens(behind, monkeypatch):
+    root, whole = behind
+    monkeypatch.setattr(upkeep, "INLINE_BYTES", 1 << 20)
+    with Archive(root, background=True) as archive:
+        assert archive.index_report() == "up to date with the org files"
+        assert rows(archive) == whole
