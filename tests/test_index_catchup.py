@@ -4,6 +4,7 @@ index ends up as a rebuild would make it (see `memory.catchup`)."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from archive_helpers import say
 from opencortex.events import Thread
 from opencortex.memory import Archive
-from opencortex.memory import upkeep
+from opencortex.memory import ranking, upkeep
 
 THREADS = [Thread("emacs", f"t{i}") for i in range(6)]
 WAIT = 30.0            # seconds any wait of these tests lasts at most
@@ -101,3 +102,25 @@ def test_little_to_index_is_indexed_before_the_archive_opens(behind, monkeypatch
     with Archive(root, background=True) as archive:
         assert archive.index_report() == "up to date with the org files"
         assert rows(archive) == whole
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_the_thread_written_last_is_indexed_last(tmp_path, monkeypatch, background):
+    """Rows are numbered as they come and "the newest matches" of a search of common
+    words are the highest numbers: a rebuild indexes the file written last, last (by
+    name order, a chat of last year named "zoo" came before today's "alpha")."""
+    monkeypatch.setattr(ranking, "COMMON_DOCS", 3)
+    monkeypatch.setattr(upkeep, "INLINE_BYTES", 0)
+    root = tmp_path / "memory"
+    today, last_year = Thread("emacs", "alpha"), Thread("emacs", "zoo")
+    with Archive(root) as archive:
+        for thread, said in ((last_year, "old"), (today, "new")):
+            archive.append([say(f"the {said} report {i}", thread) for i in range(4)])
+        written = {archive.thread_file(last_year): 10**18, archive.thread_file(today): 2 * 10**18}
+    for path, when in written.items():
+        os.utime(path, ns=(when, when))
+    (root / "index.sqlite").unlink()
+    with Archive(root, background=background) as archive:
+        assert archive.wait_indexed(WAIT)
+        assert [h.text for h in archive.search("the", limit=2)] == [
+            "the new report 3", "the new report 2"]

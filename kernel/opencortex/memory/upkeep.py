@@ -181,23 +181,33 @@ class IndexUpkeep:
 
     def _catch_up(self, *, background: bool = False) -> None:
         """Index what the org files hold beyond what the index has seen; with
-        BACKGROUND, when that is over INLINE_BYTES, in a thread (see `catchup`)."""
+        BACKGROUND, when that is over INLINE_BYTES, in a thread (see the module).
+        The file written last is indexed last: rows are numbered as they come, and
+        "the newest matches" are the highest numbers (see `RankedSearch.search`)."""
         with self._lock:
             known = self._index.file_sizes()
             sizes = org_file_sizes(self.root)
             for gone in known.keys() - sizes.keys():
                 self._index.forget_file(gone)
             behind = {}                      # file -> bytes to index
-            for name, size in sorted(sizes.items()):
+            for name, size in sizes.items():
                 have = known.get(name)
                 if have != size:
                     behind[name] = size - have if have is not None and have < size else size
+            order = sorted(behind, key=self._written_at)
             if not background or sum(behind.values()) <= INLINE_BYTES:
-                for name in behind:
+                for name in order:
                     self._catch_up_file(self.root / name, known.get(name))
                 return
         self._catching_up = BackgroundCatchUp(
-            [self.root / name for name in behind], self._catch_up_chunk, sum(behind.values()))
+            [self.root / name for name in order], self._catch_up_chunk, sum(behind.values()))
+
+    def _written_at(self, name: str) -> tuple[int, str]:
+        """When the file NAME was last written (and its name, for a tie)."""
+        try:
+            return (self.root / name).stat().st_mtime_ns, name
+        except FileNotFoundError:
+            return 0, name
 
     def _catch_up_chunk(self, path: Path) -> bool:
         """Index the next CHUNK_BYTES or so of PATH (whole writes); whether all is."""
