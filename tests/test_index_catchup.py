@@ -124,3 +124,15 @@ def test_the_thread_written_last_is_indexed_last(tmp_path, monkeypatch, backgrou
         assert archive.wait_indexed(WAIT)
         assert [h.text for h in archive.search("the", limit=2)] == [
             "the new report 3", "the new report 2"]
+
+
+def test_an_indexed_size_off_a_write_boundary_is_read_again_whole_and_ends(behind):
+    """A file whose indexed size does not end a write (edited by hand, say) is indexed
+    again from its start in one go: chunks from there could start over forever."""
+    root, whole = behind
+    with Archive(root) as archive:
+        name = archive._name(archive.thread_file(THREADS[1]))
+        archive._index.set_file_size(name, 1234)
+    with Archive(root, background=True) as archive:
+        assert archive.wait_indexed(WAIT)
+        assert rows(archive) == whole

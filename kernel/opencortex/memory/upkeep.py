@@ -113,7 +113,6 @@ class IndexUpkeep:
     _catching_up: BackgroundCatchUp | None
     _name: Callable[[Path], str]
 
-
     def repair(self) -> list[str]:
         """Move incomplete last writes aside whole (losing nothing), then bring the
         index up to date.
@@ -227,6 +226,8 @@ class IndexUpkeep:
             start = 0
             if known and known < size and read_range(fd, known - 1, known + 1) == b"\n*":
                 start = known
+            elif known:
+                limit = None        # read again from the start: whole, so it ends
             end = size if limit is None else min(size, start + limit)
             parsed = parse_thread_file(read_range(fd, start, end), base=start)
             if end < size and parsed.length == 0:       # one write longer than LIMIT
