@@ -10,7 +10,9 @@ import threading
 import pytest
 
 from archive_helpers import say
-from opencortex.events import Thread
+from opencortex.config import load_config
+from opencortex.events import Thread, chat_message
+from opencortex.runtime import build_kernel
 from opencortex.memory import Archive
 from opencortex.memory import ranking, upkeep
 
@@ -136,3 +138,25 @@ def test_an_indexed_size_off_a_write_boundary_is_read_again_whole_and_ends(behin
     with Archive(root, background=True) as archive:
         assert archive.wait_indexed(WAIT)
         assert rows(archive) == whole
+
+
+def test_a_kernel_answers_and_recalls_while_its_index_is_caught_up(behind, monkeypatch):
+    """The long-lived kernel opens its archive in the background: a turn is answered
+    before the catch-up has done anything, and /metrics says how far the index is."""
+    import asyncio
+    root, whole = behind
+    gate = gated(monkeypatch)
+    kernel = build_kernel(load_config(root.parent), writer=lambda text: None)
+    try:
+        metrics = asyncio.run(kernel.run_command(THREADS[0], "/metrics"))
+        assert "indexing the org files in the background: 0 of 6" in metrics
+        result = asyncio.run(kernel.handle(chat_message("the walrus note?", "cli", "t0")))
+        assert result.status == "done" and result.text == "[Echo] the walrus note?"
+        gate.set()
+        assert kernel.archive.wait_indexed(WAIT)
+        assert "index: up to date with the org files" in asyncio.run(
+            kernel.run_command(THREADS[0], "/metrics"))
+        assert len(rows(kernel.archive)) == len(whole) + 2
+    finally:
+        gate.set()
+        asyncio.run(kernel.aclose())

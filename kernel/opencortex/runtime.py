@@ -71,6 +71,8 @@ def build_kernel(config: Config, *, backend: Backend | None = None,
                                   ToolActuator(tools, tool_settings(config),
                                                memory_for=partial(OwnerMemory.of, conversations)),
                                   ShellActuator(config.shell, config.home)])
-    return Kernel(config=config, skills=load_skills(config, tools), backend=backend,
-                  actuators=actuators, archive=archive, tools=tools,
-                  conversations=conversations, persona=read_persona(config.persona_file))
+    kernel = Kernel(config=config, skills=load_skills(config, tools), backend=backend,
+                    actuators=actuators, archive=archive, tools=tools,
+                    conversations=conversations, persona=read_persona(config.persona_file))
+    kernel.reporters["index"] = archive.index_report
+    return kernel

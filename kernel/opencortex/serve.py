@@ -204,7 +204,6 @@ async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.Abstrac
     if config.memory.write_process:
         kernel.archive.write_in_a_process()
     kernel.reporters["archive writes"] = kernel.archive.writes_report
-    kernel.reporters["index"] = kernel.archive.index_report
     settle_collector()
     kernel.skills.after_reload.append(resettle_collector)
     service, server = emacs_frontend(config, kernel, loop, secret, listening)
