@@ -160,3 +160,10 @@ def test_a_kernel_answers_and_recalls_while_its_index_is_caught_up(behind, monke
     finally:
         gate.set()
         asyncio.run(kernel.aclose())
+
+
+def test_a_read_only_archive_of_a_home_without_memory_is_empty(tmp_path):
+    """A home that cannot be written may have no memory directory yet: nothing to read."""
+    with Archive(tmp_path / "no-memory-yet", read_only=True) as archive:
+        assert archive.search("anything") == [] and archive.threads() == []
+        assert archive.index_report() == "up to date with the org files"

@@ -78,7 +78,7 @@ class Archive(ArchiveQueries, IndexUpkeep):
         TOKENIZER: "porter" (English stemming, the default) or "unicode61"
         (words as written); an index made with another one is rebuilt.
         BACKGROUND (a long-lived kernel): much to index (a lost index, a new
-        layout) is indexed by a thread while the archive is used (see `catchup`).
+        layout) is indexed by a thread while the archive is used (see `upkeep`).
         """
         self.root = Path(root)
         self.read_only = read_only

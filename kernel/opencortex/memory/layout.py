@@ -71,18 +71,23 @@ def org_files(root: Path) -> list[Path]:
 def org_file_sizes(root: Path) -> dict[str, int]:
     """The size of every thread file under ROOT by its name relative to ROOT (as the
     index records it): one scan of each channel's directory and a stat per file."""
-    sizes = {}
+    sizes: dict[str, int] = {}
+    if not root.is_dir():                   # a read-only home may have no memory yet
+        return sizes
     with os.scandir(root) as channels:
         for channel in channels:
             if not channel.is_dir():
                 continue
-            with os.scandir(channel.path) as entries:
-                for entry in entries:
-                    if entry.name.endswith(".org") and entry.is_file():
-                        try:
-                            sizes[f"{channel.name}/{entry.name}"] = entry.stat().st_size
-                        except FileNotFoundError:       # removed meanwhile
-                            continue
+            try:
+                with os.scandir(channel.path) as entries:
+                    for entry in entries:
+                        if entry.name.endswith(".org") and entry.is_file():
+                            try:
+                                sizes[f"{channel.name}/{entry.name}"] = entry.stat().st_size
+                            except FileNotFoundError:       # removed meanwhile
+                                continue
+            except PermissionError:
+                log.warning("%s cannot be read; its threads are left out", channel.name)
     return sizes
 
 
