@@ -109,7 +109,8 @@ def test_a_link_whose_text_names_another_address_shows_where_it_goes(text):
     the bank and open the other; the real address is written beside such a text."""
     html = to_html(f"pay at [[https://evil.example/x][{text}]] today")
     assert f'<a href="https://evil.example/x">{text}</a> (https://evil.example/x)' in html
-    same = to_html("[[https://bank.example][https://bank.example]] [[https://b.example][the bank]]")
+    same = to_html("[[https://bank.example][https://bank.example]] "
+                   "[[https://b.example][the bank]]")
     assert same == ('<a href="https://bank.example">https://bank.example</a> '
                     '<a href="https://b.example">the bank</a>')
 

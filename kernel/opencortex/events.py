@@ -21,7 +21,6 @@ TEXT_LABEL = "the message text"
 MAX_DISPLAY_NAME = 256          # characters of a sender's display name kept
 
 
-
 def display_name(value: str) -> str | None:
     """VALUE, a display name anyone may choose, on one line without control or format
     characters (lone surrogates included), cut to MAX_DISPLAY_NAME characters; None
@@ -30,6 +29,7 @@ def display_name(value: str) -> str | None:
     name = " ".join("".join(" " if unicodedata.category(c)[0] == "C" else c
                             for c in value).split())
     return name[:MAX_DISPLAY_NAME].rstrip() or None
+
 
 class EventError(ValueError):
     """An event was refused; the message says which field and why."""
@@ -73,7 +73,8 @@ class ChatMessage(BaseModel):
     channel: Channel
     chat_id: str = Field(min_length=1, max_length=512)
     sender: str | None = Field(default=None, max_length=512)
-    sender_name: str | None = Field(default=None, max_length=MAX_DISPLAY_NAME)  # display only, see below
+    sender_name: str | None = Field(default=None,                 # display only, see below
+                                    max_length=MAX_DISPLAY_NAME)
     message_id: str | None = Field(default=None, max_length=256)  # the platform's, if any
     received_at: datetime = Field(default_factory=_now)
 
