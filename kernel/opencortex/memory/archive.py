@@ -98,8 +98,8 @@ class Archive(ArchiveQueries, IndexUpkeep):
         self._index = MessageIndex(self.root / INDEX_NAME, tokenizer=tokenizer)
         self._readers = Readers(self.root / INDEX_NAME, tokenizer,
                                 lambda: self._index.generation)
-        self._settle_tails()
-        self._catch_up(background=background)
+        _, sizes = self._settle_tails()
+        self._catch_up(background=background, sizes=sizes)
 
     def __enter__(self) -> Archive:
         return self

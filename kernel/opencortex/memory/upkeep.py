@@ -119,29 +119,31 @@ class IndexUpkeep:
 
         Returns one report per file that was repaired.
         """
-        reports = self._settle_tails()
         self._stop_catching_up()
-        self._catch_up()
+        reports, sizes = self._settle_tails()
+        self._catch_up(sizes=sizes)
         return reports
 
-    def _settle_tails(self) -> list[str]:
+    def _settle_tails(self) -> tuple[list[str], dict[str, int]]:
         """Move the incomplete last writes of the files the index has not seen whole
-        aside; one report per file repaired.  A file of the size the index has seen
-        ends with the last write indexed, which was whole (a size is only recorded
-        after a whole write): a stat tells, with no file opened or locked (a start
-        used to open every file twice: 0.16 s for 2,000 threads)."""
+        aside: one report per file repaired, and every file's size then.  A file of
+        the size the index has seen ends with the last write indexed, which was whole
+        (a size is only recorded after a whole write): a stat tells, with no file
+        opened or locked (a start used to open every file twice: 0.16 s for 2,000
+        threads)."""
         reports = []
         with self._lock:
             known = self._index.file_sizes()
-            for name, size in sorted(org_file_sizes(self.root).items()):
+            sizes = org_file_sizes(self.root)
+            for name, size in sorted(sizes.items()):
                 if known.get(name) == size:
                     continue
                 path = self.root / name
                 with locked(path, exclusive=True) as fd:
-                    _, _, report = settle_tail(fd, path, name)
+                    sizes[name], _, report = settle_tail(fd, path, name)
                 if report:
                     reports.append(report)
-        return reports
+        return reports, sizes
 
     def index_report(self) -> str:
         """Whether the index has all of the org files, for /metrics."""
@@ -178,14 +180,16 @@ class IndexUpkeep:
             self._catch_up()
             return self._index.count()
 
-    def _catch_up(self, *, background: bool = False) -> None:
-        """Index what the org files hold beyond what the index has seen; with
-        BACKGROUND, when that is over INLINE_BYTES, in a thread (see the module).
-        The file written last is indexed last: rows are numbered as they come, and
-        "the newest matches" are the highest numbers (see `RankedSearch.search`)."""
+    def _catch_up(self, *, background: bool = False, sizes: dict[str, int] | None = None
+                  ) -> None:
+        """Index what the org files hold beyond what the index has seen (SIZES: every
+        file's, when just listed); with BACKGROUND, when that is over INLINE_BYTES, in
+        a thread (see the module).  The file written last is indexed last: rows are
+        numbered as they come, and "the newest matches" are the highest numbers (see
+        `RankedSearch.search`)."""
         with self._lock:
             known = self._index.file_sizes()
-            sizes = org_file_sizes(self.root)
+            sizes = org_file_sizes(self.root) if sizes is None else sizes
             for gone in known.keys() - sizes.keys():
                 self._index.forget_file(gone)
             behind = {}                      # file -> bytes to index
