@@ -12,10 +12,10 @@ Other owners' (larger) chats share the archive: they must never be recalled
 and they skew whole-archive word statistics.
 
 Figures: R@5 and R@10 (a question counts when a message holding its answer,
-or one of the same words, is among the first 5 / 10 recalled) overall and per question kind, recall
-latency p50 / p95; without --quick also the same at 100k messages of one
-owner, the first load of a 100k-turn thread (as written, and with the checkpoint
-`memory import` leaves), and the import rate.
+or one of the same words, is among the first 5 / 10 recalled) overall and per
+question kind, recall latency p50 / p95; without --quick also the same at 100k
+messages of one owner, the first load of a 100k-turn thread (as written, and
+with the checkpoint `memory import` leaves), and the import rate.
 
 With --embedder SPEC (a `[memory.embeddings] model`: "python:module:function"
 or "sentence-transformers:/local/dir"), every message of the owner is
