@@ -239,9 +239,8 @@ class Recall:
         if k <= 0 or not query.strip():
             return [], hint
         thread = Thread(*thread)
-        allowed = {self.owner(thread), *self.shared_owners}
+        allowed, where = self._scope_of(thread)
         words = recall_query(hint.text) if hint.text.strip() else recall_query(query)
-        where = self._where(thread, allowed)
         named, rest = self._named(words, where)
         asking = _is_question(query)
         search = partial(self.archive.search, exclude_ids=exclude_ids, snippets=snippets,
@@ -272,12 +271,14 @@ class Recall:
         found += _mix(said, general)
         return self._kept(thread, allowed, found, hint, query, exclude_ids)[:k], hint
 
-    def _where(self, thread: Thread, allowed: set[str]) -> dict:
-        """The search scope of THREAD, whose ALLOWED owners are known: by owners while
-        the index's tables are these owners' (see `partitions`), else by threads."""
+    def _scope_of(self, thread: Thread) -> tuple[set[str], dict]:
+        """The owners THREAD may recall from (its own, the shared ones), and its search
+        scope: by those owners while the index's tables are these owners' (see
+        `partitions`), else by their threads."""
+        allowed = {self.owner(thread), *self.shared_owners}
         if self.archive.partition == self.owner:
-            return {"owners": allowed}
-        return {"threads": self.scope(thread)}
+            return allowed, {"owners": allowed}
+        return allowed, {"threads": self.scope(thread)}
 
     def _named(self, words: str, where: dict) -> tuple[list[str], str]:
         """The words of WORDS that name a sender in scope (WHERE), and the other words:
@@ -336,9 +337,7 @@ class Recall:
 
     def named(self, thread: Thread, words: str) -> list[str]:
         """The words of WORDS (a recall query) that name a sender in THREAD's scope."""
-        thread = Thread(*thread)
-        allowed = {self.owner(thread), *self.shared_owners}
-        return self._named(words, self._where(thread, allowed))[0]
+        return self._named(words, self._scope_of(Thread(*thread))[1])[0]
 
     def entry(self, hit: MessageRecord, *, near: bool = False) -> Entry:
         """HIT as a recalled entry: where and when it was said, then its text (NEAR: it
