@@ -67,8 +67,12 @@ class Workers:
     def stuck(self) -> int:
         """Given-up tasks still running."""
         with self._guard:
-            self._stuck = [future for future in self._stuck if not future.done()]
-            return len(self._stuck)
+            return len(self._still_running())
+
+    def _still_running(self) -> list[Future]:
+        """The given-up tasks that have not ended (the caller holds the guard)."""
+        self._stuck = [future for future in self._stuck if not future.done()]
+        return self._stuck
 
     def _give_up(self, future: Future) -> None:
         """FUTURE's task overran: unless it has not started (it was cancelled then) or
@@ -76,7 +80,7 @@ class Workers:
         if future.done():
             return
         with self._guard:
-            self._stuck = [f for f in self._stuck if not f.done()] + [future]
+            self._stuck = self._still_running() + [future]
             if len(self._stuck) > self.max_stuck:
                 log.error("%s: %d tasks overran their time and still run; no more threads "
                           "are made for them (restart the kernel to free them)", self.name,
