@@ -105,6 +105,9 @@ class FakeEmacs:
             self.client.socket.shutdown(socket.SHUT_RD)     # (replies in flight still go)
         except OSError:
             pass
+        reading = getattr(self.client.handler, "_recv_iter", None)
+        if reading is not None:          # let it see the EOF before the file goes (bounded)
+            reading.thread.join(timeout=5)
         self.client.close()
 
 
@@ -124,6 +127,7 @@ def start(home, tmp_path):
 
     yield launch
     for client in clients:
+        client.quiet()          # the kernel's calls in flight answered first, not into a closed pipe
         client.close()
     for kernel in started:
         kernel.stop()
