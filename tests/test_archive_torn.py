@@ -191,6 +191,22 @@ def test_opening_repairs_torn_tails(tmp_path):
         assert len(torn_files(path)) == 1
 
 
+def test_hidden_files_and_directories_are_no_thread_files(tmp_path):
+    """The index and the list of threads agree on what a thread file is: a hidden
+    copy (".old.org", a ".backup" directory) is neither indexed nor listed."""
+    root = tmp_path / "memory"
+    with Archive(root) as archive:
+        archive.append([say("only once")])
+        path = archive.thread_file(LOCAL)
+    (path.parent / ".old.org").write_bytes(path.read_bytes())
+    (root / ".backup").mkdir()
+    (root / ".backup" / path.name).write_bytes(path.read_bytes())
+    with Archive(root) as reopened:
+        assert reopened.reindex() == 1
+        assert [hit.text for hit in reopened.search("once")] == ["only once"]
+        assert reopened.threads() == [LOCAL]
+
+
 def test_opening_opens_only_the_files_the_index_has_not_seen_at_their_size(
         tmp_path, monkeypatch):
     """A start stats each thread file and opens none the index has seen whole (it used

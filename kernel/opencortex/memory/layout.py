@@ -64,24 +64,26 @@ class ThreadFiles:
 
 
 def org_files(root: Path) -> list[Path]:
-    """Every thread file under ROOT, sorted."""
-    return sorted(p for p in root.glob("*/*.org") if p.is_file())
+    """Every thread file under ROOT, sorted (see `org_file_sizes`)."""
+    return sorted(root / name for name in org_file_sizes(root))
 
 
 def org_file_sizes(root: Path) -> dict[str, int]:
-    """The size of every thread file under ROOT by its name relative to ROOT (as the
-    index records it): one scan of each channel's directory and a stat per file."""
+    """The size of every thread file under ROOT (ROOT/CHANNEL/NAME.org; hidden names
+    are none) by its name relative to ROOT, as the index records it: one scan of
+    each channel's directory and a stat per file."""
     sizes: dict[str, int] = {}
     if not root.is_dir():                   # a read-only home may have no memory yet
         return sizes
     with os.scandir(root) as channels:
         for channel in channels:
-            if not channel.is_dir():
+            if channel.name.startswith(".") or not channel.is_dir():
                 continue
             try:
                 with os.scandir(channel.path) as entries:
                     for entry in entries:
-                        if entry.name.endswith(".org") and entry.is_file():
+                        if entry.name.endswith(".org") and not entry.name.startswith(".") \
+                                and entry.is_file():
                             try:
                                 sizes[f"{channel.name}/{entry.name}"] = entry.stat().st_size
                             except FileNotFoundError:       # removed meanwhile
