@@ -195,7 +195,9 @@ class _Builder:
     def _dated(self, person: str, own: list[int], statement: str, question: str) -> None:
         """The same event in three sessions; the question names one's period."""
         last = max(own)
-        self.times[last] = self.now - 3 * DAY          # this person's newest session: last week
+        # this person's newest session: last week (its Thursday: "last week" is the week
+        # before this one, Monday to Sunday, whatever day the benchmark runs)
+        self.times[last] = self.now - (datetime.fromtimestamp(self.now).weekday() + 4) * DAY
         cakes = self.rng.sample(SLOTS["cake"], 3)
         picks = [last] + self.rng.sample([s for s in own if s != last], 2)
         for n, (session, cake) in enumerate(zip(picks, cakes)):

@@ -337,3 +337,43 @@ def test_load_continues_the_saved_branch_instead_of_forking(home):
     assert forked.text == "Loaded 'plan': you are on branch b3 with 2 turns."
     assert list(conversation.log.branches()) == ["main", "b2", "b3"]
     assert [t.user.text for t in conversation.log.turns()] == ["start", "more"]
+
+
+def test_a_date_past_the_calendar_in_a_message_costs_nothing(home):
+    """"4500 years ago" made recall raise OverflowError: the turn failed and the message
+    was not archived.  The turn is answered and kept, and /recall explains it."""
+    kernel, _, _ = kernel_for(home)
+
+    async def scenario():
+        await say(kernel, "the pyramids of Giza took decades to build")
+        turn = await say(kernel, "The pyramids were built about 4500 years ago, right?")
+        explained = await say(kernel, "/recall pyramids 4500 years ago on 9999-12-31")
+        conversation = await kernel.conversations.open(CLI)
+        return turn, explained, conversation
+
+    turn, explained, conversation = run(scenario())
+    assert turn.status == "done" and turn.ids
+    assert conversation.log.turns()[-1].user.text.endswith("4500 years ago, right?")
+    assert explained.status == "done" and "pyramids of Giza" in explained.text
+
+
+def test_free_text_commands_take_the_line_as_typed(home):
+    """/recall, /save, /load and /sessions take the rest of the line: an apostrophe is
+    text ("cannot read the command: No closing quotation" before), and the words
+    searched are the ones a turn would search."""
+    kernel, _, _ = kernel_for(home)
+
+    async def scenario():
+        await say(kernel, "Caroline's dog is called Biscuit")
+        recalled = await say(kernel, "/recall where's Caroline's dog?")
+        saved = await say(kernel, "/save Ann's  plan")
+        listed = await say(kernel, "/sessions Ann's")
+        loaded = await say(kernel, '/load "Ann\'s plan"')
+        return recalled, saved, listed, loaded
+
+    recalled, saved, listed, loaded = run(scenario())
+    assert recalled.status == "done"
+    assert "searched for: Caroline's dog" in recalled.text and "Biscuit" in recalled.text
+    assert saved.text.startswith("Saved as \"Ann's plan\"")
+    assert listed.text.startswith("Ann's plan")
+    assert loaded.text.startswith("Loaded \"Ann's plan\"")

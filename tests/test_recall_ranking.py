@@ -7,7 +7,7 @@ import logging
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import date, datetime
 
 import pytest
 
@@ -277,9 +277,10 @@ def test_another_tokenizer_rebuilds_the_index(tmp_path):
 
 def test_a_date_in_the_question_searches_that_period_first(archive):
     now = time.time()
+    last_thursday = date.today().weekday() + 4             # Thursday of last week
     archive.append([say(f"I baked a {cake}", CLI, timestamp=now - days * DAY)
                     for cake, days in (("carrot cake", 200), ("apple pie", 90),
-                                       ("banana bread", 2))])
+                                       ("banana bread", last_thursday), ("flatbread", 0))])
     recall = Recall(archive, {})
     [best, *_] = recall.recall(EMACS, "What did I bake last week?", k=3)
     assert "banana bread" in best.text
@@ -304,6 +305,36 @@ def test_a_recalled_question_brings_its_reply_and_shows_its_date(archive):
     assert len(entries) == 2
     assert entries[1].text.endswith("next to a recalled message] 5433, since the move")
     assert datetime.now().strftime("%Y-%m-%d") in entries[0].text
+
+
+@pytest.mark.parametrize("question, answer", [
+    ("where does Ann live? 🙂", "In Lisbon."), ("what is the gate code?!", "It is 7788."),
+    ("东京的邮编是多少？", "100-0001"), ("ما هو الرمز؟", "7788"), ("which port (staging)?)", "5433")])
+def test_a_question_is_a_question_whatever_mark_or_emoji_ends_it(archive, question, answer):
+    """Only a text ending exactly in "?" counted as a question, so the reply to "…? 🙂",
+    "…?!", "…？" or "…؟" never came with it, nor the question with its reply."""
+    archive.append([say(question, CLI), say(answer, CLI, role="assistant"), say("ok", CLI)])
+    recall = Recall(archive, {})
+    by_answer = [e.text for e in recall.recall(EMACS, answer, k=1)]
+    assert len(by_answer) == 2 and by_answer[1].endswith(question)
+    by_question = [e.text for e in recall.recall(EMACS, question, k=1)]
+    assert len(by_question) == 2 and by_question[1].endswith(answer)
+
+
+def test_a_question_at_the_end_of_a_long_message_is_searched(archive):
+    """Only the first 32 words of a message were searched, so a question after a pasted
+    paragraph recalled nothing; the first and the last words count now, and a message
+    of megabytes is read at its start and end only."""
+    [fact] = archive.append([say("The wifi password is hunter2", CLI)])
+    archive.append([say(f"filler number {i}", CLI) for i in range(20)])
+    recall = Recall(archive, {})
+    prefix = " ".join(f"alpha{i}" for i in range(40))
+    assert [e.id for e in recall.recall(EMACS, f"{prefix} what is the wifi password?",
+                                        k=1)] == [fact.id]
+    page = " ".join(f"word{i % 5000}" for i in range(200_000))    # ~1.8 MB
+    assert [e.id for e in recall.recall(EMACS, f"{page} what is the wifi password?",
+                                        k=1)] == [fact.id]
+    assert len(query_words(page)) == 32
 
 
 def test_the_neighbours_of_several_messages_come_from_one_read(archive):
@@ -373,12 +404,26 @@ def test_explain_names_only_the_words_matched_not_brackets_of_the_text(archive):
 
 @pytest.mark.parametrize("question, start, end", [
     ("what happened yesterday", "2026-11-19", "2026-11-20"),
-    ("anything last week?", "2026-11-09", "2026-11-21"),
+    ("anything last week?", "2026-11-09", "2026-11-16"),      # Monday to Sunday before
+    ("what did I buy last month?", "2026-10-01", "2026-11-01"),
+    ("last year", "2025-01-01", "2026-01-01"),
+    ("in the past week", "2026-11-14", "2026-11-21"),         # the seven days to today
+    ("this week", "2026-11-16", "2026-11-21"),
     ("in March?", "2026-03-01", "2026-04-01"),
     ("in December", "2025-12-01", "2026-01-01"),
     ("on 2026-02-14 then", "2026-02-14", "2026-02-15"),
     ("three days ago", "2026-11-16", "2026-11-19"),
+    ("a week ago", "2026-11-10", "2026-11-17"),                # around then, never today
+    ("a year ago", "2025-05-22", "2026-05-22"),
+    ("the day before yesterday", "2026-11-18", "2026-11-19"),
     ("during 2024", "2024-01-01", "2025-01-01"),
+    ("in March of 2025", "2025-03-01", "2025-04-01"),
+    ("on the 3rd of March", "2026-03-03", "2026-03-04"),
+    ("3 March 2025", "2025-03-03", "2025-03-04"),
+    ("sept 5", "2026-09-05", "2026-09-06"),
+    ("last March", "2026-03-01", "2026-04-01"),
+    ("last November", "2025-11-01", "2025-12-01"),             # not this one
+    ("what did June say on June 3", "2026-06-03", "2026-06-04"),
 ])
 def test_date_expressions_become_windows(question, start, end):
     now = datetime(2026, 11, 20, 15, 0).timestamp()          # a Friday
@@ -391,7 +436,28 @@ def test_no_date_and_may_as_a_verb_give_no_window():
     now = datetime(2026, 11, 20).timestamp()
     assert date_hint("what instrument is she learning", now).window is None
     assert date_hint("I may go", now).window is None
+    assert date_hint("this may be wrong", now).window is None
     assert date_hint("where does she live now", now).recent
+
+
+@pytest.mark.parametrize("question", [
+    "What did Jan say about the trip?", "Where does June live?", "Where does April work",
+    "August Rush is a film", "the march on Washington"])
+def test_a_month_word_alone_is_a_name_not_a_date(question):
+    """A month word with no day, year or "in" before it names someone more often than a
+    month: it is searched for, and no period is."""
+    hint = date_hint(question, datetime(2026, 11, 20).timestamp())
+    assert hint.window is None and hint.text == question
+
+
+@pytest.mark.parametrize("question", [
+    "The pyramids were built about 4500 years ago, right?", "what happened on 9999-12-31",
+    "0001-01-01 ann", "1000000 years ago", "999999999999 days ago", "December 31 9999"])
+def test_a_date_outside_the_calendar_is_no_window(question):
+    """Dates past what the calendar holds used to raise OverflowError, failing the turn
+    (the message was not archived); they are no period, and the words still count."""
+    hint = date_hint(question, datetime(2026, 11, 20).timestamp())
+    assert hint.window is None and hint.text == question
 
 
 def test_a_word_in_half_the_owners_messages_is_not_matched_while_a_rarer_one_is(

@@ -44,15 +44,29 @@ class CommandInput:
 Handler = Callable[["Commands", Conversation, list[str], CommandInput], Awaitable[str]]
 USAGE: dict[str, str] = {}
 HANDLERS: dict[str, Handler] = {}
+FREE_TEXT: set[str] = set()     # commands whose argument is the rest of the line, as typed
 
 
-def command(name: str, usage: str):
-    """Register a slash command."""
+def command(name: str, usage: str, *, free_text: bool = False):
+    """Register a slash command; with FREE_TEXT, its handler gets the rest of the line
+    as one argument (apostrophes and quotes are text: "/recall Caroline's dog"), else
+    the words of the line, split as a shell would."""
     def register(handler: Handler) -> Handler:
         HANDLERS[name] = handler
         USAGE[name] = usage
+        if free_text:
+            FREE_TEXT.add(name)
         return handler
     return register
+
+
+def _rest(text: str) -> list[str]:
+    """The rest of the command line TEXT after its first word, spacing collapsed, as one
+    argument (none when empty); one pair of quotes around all of it is dropped."""
+    rest = " ".join(text.split()[1:])
+    if len(rest) >= 2 and rest[0] == rest[-1] and rest[0] in "\"'":
+        rest = rest[1:-1].strip()
+    return [rest] if rest else []
 
 
 def _first_word(text: str) -> str:
@@ -97,6 +111,8 @@ class Commands:
         handler = HANDLERS.get(name)
         if handler is None:
             raise CommandError(unknown_command(name))
+        if name in FREE_TEXT:
+            return await handler(self, conversation, _rest(text), given or CommandInput())
         try:
             words = shlex.split(text.strip())
         except ValueError as error:
@@ -293,7 +309,8 @@ async def _unpin(commands: Commands, conv: Conversation, args: list[str],
     return await _pinning(commands, conv, args, False)
 
 
-@command("save", "/save [name] — save this conversation (branch and turn) under a name")
+@command("save", "/save [name] — save this conversation (branch and turn) under a name",
+         free_text=True)
 async def _save(commands: Commands, conv: Conversation, args: list[str],
                 given: CommandInput) -> str:
     name = " ".join(args) or f"{conv.thread.channel}-{conv.thread.chat_id}-{conv.log.branch}"
@@ -304,7 +321,7 @@ async def _save(commands: Commands, conv: Conversation, args: list[str],
     return f"Saved as {name!r} (branch {conv.log.branch}, {conv.log.turn_count()} turns)."
 
 
-@command("load", "/load NAME — continue a saved conversation")
+@command("load", "/load NAME — continue a saved conversation", free_text=True)
 async def _load(commands: Commands, conv: Conversation, args: list[str],
                 given: CommandInput) -> str:
     if not args:
@@ -332,7 +349,7 @@ async def _load(commands: Commands, conv: Conversation, args: list[str],
     return answer
 
 
-@command("sessions", "/sessions [text] — saved sessions (matching text)")
+@command("sessions", "/sessions [text] — saved sessions (matching text)", free_text=True)
 async def _sessions(commands: Commands, conv: Conversation, args: list[str],
                     given: CommandInput) -> str:
     saved = commands.conversations.saved
@@ -343,7 +360,8 @@ async def _sessions(commands: Commands, conv: Conversation, args: list[str],
                      for s in found) or "No saved sessions."
 
 
-@command("recall", "/recall QUERY — search your earlier conversations (this owner only)")
+@command("recall", "/recall QUERY — search your earlier conversations (this owner only)",
+         free_text=True)
 async def _recall(commands: Commands, conv: Conversation, args: list[str],
                   given: CommandInput) -> str:
     if not args:

@@ -267,6 +267,10 @@ class Conversations:
                                       exclude_ids=seen)
         except ValueError:
             return []
+        except Exception as error:   # a fault in recall must not lose the person's message
+            log.error("recall failed (%s); the turn goes on without recalled messages",
+                      type(error).__name__)
+            return []
 
     async def record_turn(self, thread: Thread, messages: Sequence[NewMessage],
                           metrics: dict[str, str], *, pin: bool = False

@@ -55,7 +55,7 @@ from opencortex.conversation.recallexplain import explain
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
-from opencortex.memory.query import query_words
+from opencortex.memory.query import bare_word, query_text, query_words
 from opencortex.memory.rows import text_key
 
 if TYPE_CHECKING:
@@ -84,7 +84,8 @@ please same she should so some such than that the their theirs them then there t
 this those through to too under until up very was we were what when where which while who
 whom why will with would you your yours
 """.split())
-_WORD_EDGES = re.compile(r"^\W+|\W+$")
+QUESTION_MARKS = ("?", "\uff1f", "\u061f")   # ?, the fullwidth ？ and the Arabic ؟
+_ASKS = re.compile("[" + "".join(QUESTION_MARKS) + r"]\W*\Z")
 _QUESTION_WORDS = frozenset("""what when where which who whom whose why how did does do is are
 was were can could will would should has have had""".split())
 
@@ -99,9 +100,10 @@ def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
 
 
 def recall_query(text: str) -> str:
-    """The words of TEXT worth searching for: without function words, unless that is all."""
+    """The words of TEXT worth searching for: without function words and marks standing
+    alone, unless that is all."""
     words = text.split()
-    kept = [w for w in words if _WORD_EDGES.sub("", w).casefold() not in _STOPWORDS]
+    kept = [w for w in words if (bare := bare_word(w).casefold()) and bare not in _STOPWORDS]
     return " ".join(kept or words)
 
 
@@ -208,7 +210,7 @@ class Recall:
         known = {hit.id for hit in hits}        # beside EXCLUDE_IDS
         near = self.archive.neighbours_of(      # the reply after questions; a question before
             [hit.id for hit in hits], after_of=[hit.id for hit in hits if _asks(hit.text)],
-            before_with="?") if hits else {}
+            before_with=QUESTION_MARKS) if hits else {}
         for hit in hits:
             partner = _partner(hit, *near.get(hit.id, (None, None)))
             if partner is not None and partner.id not in known and \
@@ -234,7 +236,9 @@ class Recall:
                informative_only: bool = True) -> tuple[list[Ranked], DateHint]:
         """The K best hits with the ranks that put them there (lexical, dense, fused);
         with SNIPPETS, each lexical hit's matched words marked (for `explain`);
-        INFORMATIVE_ONLY as in `hits` (a period named in QUERY is searched either way)."""
+        INFORMATIVE_ONLY as in `hits` (a period named in QUERY is searched either way).
+        Of a long QUERY, its start and its end are read (see `query_text`)."""
+        query = query_text(query)
         hint = date_hint(query, time.time())
         if k <= 0 or not query.strip():
             return [], hint
@@ -365,15 +369,16 @@ def _partner(hit: SearchHit, before: MessageRecord | None, after: MessageRecord 
 
 
 def _asks(text: str) -> bool:
-    """True when TEXT ends with a question mark."""
-    return text.rstrip().endswith("?")
+    """True when TEXT ends with a question mark ("?", "？", "؟"), whatever follows it
+    that is not a word ("?!", "? 🙂", "?)")."""
+    return _ASKS.search(text[-64:]) is not None
 
 
 def _is_question(text: str) -> bool:
     """True when TEXT asks something: it ends with "?" or opens with a question word."""
     words = text.split(maxsplit=1)
     return _asks(text) or bool(words) and \
-        _WORD_EDGES.sub("", words[0]).casefold() in _QUESTION_WORDS
+        bare_word(words[0]).casefold() in _QUESTION_WORDS
 
 
 def _newer_first(hits: list[SearchHit]) -> list[SearchHit]:

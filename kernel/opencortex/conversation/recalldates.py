@@ -18,17 +18,25 @@ from datetime import date, datetime, timedelta
 
 MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august",
           "september", "october", "november", "december"]
-_MONTH = r"(?P<month>" + "|".join(m[:3] + r"(?:" + m[3:] + ")?" for m in MONTHS) + r")\.?"
+_MONTH = r"(?P<month>" + "|".join(m[:3] + r"(?:" + m[3:] + ")?" for m in MONTHS) + r"|sept)\.?"
 _UNITS = {"day": 1, "week": 7, "month": 30, "year": 365}
+# Words before a month that make it a date: without them (or a day or a year), a month
+# word is more often a name ("What did Jan say", "Where does June live") or a verb.
+_BEFORE_MONTH = ("in", "during", "on", "since", "for", "of", "until", "till", "by", "before",
+                 "after", "early", "late", "mid", "last", "this")
+_BEFORE_MAY = ("in", "during", "since", "early", "late", "mid", "last")   # "this may be"
 _PATTERNS = [
     ("iso", re.compile(r"\b(?P<y>\d{4})-(?P<m>\d{1,2})-(?P<d>\d{1,2})\b")),
     ("ago", re.compile(r"\b(?P<n>\d+|a|an|one|two|three|four|five|six)\s+"
                        r"(?P<unit>day|week|month|year)s?\s+ago\b", re.I)),
     ("relative", re.compile(r"\b(?P<which>last|this|past)\s+(?P<unit>week|month|year)\b", re.I)),
-    ("day", re.compile(r"\b(?P<word>yesterday|today|tonight)\b", re.I)),
+    ("day", re.compile(r"\b(?P<word>(?:the\s+)?day\s+before\s+yesterday|yesterday|today|"
+                       r"tonight)\b", re.I)),
     ("recently", re.compile(r"\b(?:recently|lately)\b", re.I)),
-    ("month", re.compile(r"\b(?:in\s+|during\s+|on\s+)?" + _MONTH +
-                         r"(?:\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?)?(?:,?\s+(?P<y>\d{4}))?\b", re.I)),
+    ("month", re.compile(r"\b(?:(?P<pre>" + "|".join(_BEFORE_MONTH) + r")\s+)?"
+                         r"(?:(?:the\s+)?(?P<d0>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?)?"
+                         + _MONTH + r"(?:\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?)?"
+                         r"(?:,?\s+(?:of\s+)?(?P<y>\d{4}))?\b", re.I)),
     ("year", re.compile(r"\b(?:in|during)\s+(?P<y>(?:19|20)\d\d)\b", re.I)),
 ]
 _RECENT = re.compile(r"\b(?:now|currently|current|these days|nowadays|still|anymore|"
@@ -56,8 +64,11 @@ def _month_window(year: int, month: int) -> tuple[date, date]:
     return first, following
 
 
-def _window(kind: str, found: re.Match, today: date) -> tuple[date, date] | None:
-    """The [first day, day after the last) the expression FOUND names, seen from TODAY."""
+def _window(kind: str, found: re.Match, today: date) -> tuple[date, date]:
+    """The [first day, day after the last) the expression FOUND names, seen from TODAY:
+    "last week" is the week before this one (Monday to Sunday), "last month" and "last
+    year" the calendar month and year before; "past week" the seven days up to today;
+    "N weeks ago" the days around then (half a unit either way), never today."""
     if kind == "iso":
         day = date(int(found["y"]), int(found["m"]), int(found["d"]))
         return day, day + timedelta(days=1)
@@ -65,49 +76,71 @@ def _window(kind: str, found: re.Match, today: date) -> tuple[date, date] | None
         count = _NUMBERS.get(found["n"].lower()) or int(found["n"])
         unit = _UNITS[found["unit"].lower()]
         middle = today - timedelta(days=count * unit)
-        return middle - timedelta(days=unit), middle + timedelta(days=unit + 1)
+        half = max(1, unit // 2)
+        return middle - timedelta(days=half), min(middle + timedelta(days=half + 1), today)
     if kind == "relative":
-        unit, which = found["unit"].lower(), found["which"].lower()
-        if unit == "week":
-            monday = today - timedelta(days=today.weekday())
-            start = monday if which == "this" else monday - timedelta(days=7)
-        elif unit == "month":
-            start = today.replace(day=1)
-            if which != "this":
-                start = (start - timedelta(days=1)).replace(day=1)
-        else:
-            start = date(today.year - (which != "this"), 1, 1)
-        return start, today + timedelta(days=1)
+        return _relative(found["which"].lower(), found["unit"].lower(), today)
     if kind == "day":
-        day = today - timedelta(days=found["word"].lower() == "yesterday")
+        word = found["word"].lower()
+        day = today - timedelta(days=2 if word.endswith("before yesterday") else
+                                word == "yesterday")
         return day, day + timedelta(days=1)
     if kind == "recently":
         return today - timedelta(days=30), today + timedelta(days=1)
     if kind == "year":
         return date(int(found["y"]), 1, 1), date(int(found["y"]) + 1, 1, 1)
     month = next(n for n, m in enumerate(MONTHS, 1) if m.startswith(found["month"][:3].lower()))
-    year = int(found["y"]) if found["y"] else today.year - (month > today.month)
-    if found["d"]:
-        day = date(year, month, int(found["d"]))
+    year = int(found["y"]) if found["y"] else \
+        today.year - (month > today.month or (month == today.month and _pre(found) == "last"))
+    if found["d"] or found["d0"]:
+        day = date(year, month, int(found["d"] or found["d0"]))
         return day, day + timedelta(days=1)
     return _month_window(year, month)
 
 
+def _relative(which: str, unit: str, today: date) -> tuple[date, date]:
+    """The window of "last", "this" or "past" (WHICH) week, month or year (UNIT)."""
+    tomorrow = today + timedelta(days=1)
+    if which == "past":
+        return tomorrow - timedelta(days=_UNITS[unit]), tomorrow
+    if unit == "week":
+        monday = today - timedelta(days=today.weekday())
+        return (monday, tomorrow) if which == "this" else (monday - timedelta(days=7), monday)
+    if unit == "month":
+        first = today.replace(day=1)
+        return (first, tomorrow) if which == "this" else \
+            ((first - timedelta(days=1)).replace(day=1), first)
+    first = date(today.year, 1, 1)
+    return (first, tomorrow) if which == "this" else (date(today.year - 1, 1, 1), first)
+
+
+def _pre(found: re.Match) -> str:
+    return (found["pre"] or "").lower()
+
+
+def _is_date(kind: str, found: re.Match) -> bool:
+    """Whether FOUND names a date: a month word does with a day, a year or a word such
+    as "in" before it ("may" only after "in", "since" and the like: mostly a verb)."""
+    if kind != "month" or found["d"] or found["d0"] or found["y"]:
+        return True
+    before = _BEFORE_MAY if found["month"].lower() == "may" else _BEFORE_MONTH
+    return _pre(found) in before
+
+
 def date_hint(question: str, now: float) -> DateHint:
-    """The first date expression of QUESTION as a window (seen from NOW), if any."""
+    """The first date expression of QUESTION as a window (seen from NOW), if any.  One
+    that names no day of the calendar (2026-02-31, or 4500 years ago) is none."""
     recent = bool(_RECENT.search(question))
     today = datetime.fromtimestamp(now).date()
     for kind, pattern in _PATTERNS:
-        found = pattern.search(question)
-        if found is None or (kind == "month" and found["month"].lower() == "may"
-                             and not (found["d"] or found["y"] or found[0][:3].lower() == "in ")):
-            continue                   # "may" alone is mostly the verb
-        try:
-            span = _window(kind, found, today)
-        except ValueError:             # 2026-02-31 and the like: not a date
-            continue
-        if span is None:
-            continue
-        text = (question[:found.start()] + " " + question[found.end():]).strip()
-        return DateHint(text, (_epoch(span[0]), _epoch(span[1])), found[0].strip(), recent)
+        for found in pattern.finditer(question):
+            if not _is_date(kind, found):
+                continue
+            try:
+                first, end = _window(kind, found, today)
+                window = (_epoch(first), _epoch(end))
+            except (ValueError, OverflowError, OSError):
+                continue
+            text = (question[:found.start()] + " " + question[found.end():]).strip()
+            return DateHint(text, window, found[0].strip(), recent)
     return DateHint(question, None, "", recent)

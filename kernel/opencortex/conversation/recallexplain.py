@@ -21,10 +21,11 @@ if TYPE_CHECKING:
 
 def explain(recall: Recall, thread: Thread, query: str, *, k: int = 10) -> str:
     """What RECALL brings for QUERY in THREAD (its K best) and why."""
-    from opencortex.conversation.recall import recall_query
+    from opencortex.conversation.recall import query_text, recall_query
+    query = query_text(query)
     ranked, hint = recall.ranked(thread, query, k=k, snippets=True)
     words = recall_query(hint.text) or recall_query(query)
-    lines = [f"searched for: {words}"]
+    lines = [f"searched for: {words if len(words) <= 200 else words[:199] + '…'}"]
     named = recall.named(thread, words)
     if named:
         lines.append(f"people named: {', '.join(named)} (what they said leads)")

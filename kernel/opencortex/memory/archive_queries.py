@@ -85,10 +85,10 @@ class ArchiveQueries:
         return self.neighbours_of([message_id]).get(message_id, (None, None))
 
     def neighbours_of(self, message_ids: Iterable[str], *, after_of: Iterable[str] | None = None,
-                      before_with: str | None = None
+                      before_with: Iterable[str] | None = None
                       ) -> dict[str, tuple[MessageRecord | None, MessageRecord | None]]:
         """`neighbours` of each of MESSAGE_IDS, read together (an unknown id is left
         out); the message after only for the ids in AFTER_OF (default: all), the one
-        before (with BEFORE_WITH) only when its text holds BEFORE_WITH."""
+        before (with BEFORE_WITH) only when its text holds one of BEFORE_WITH."""
         with self._reading() as index:
             return index.neighbours_of(message_ids, after_of=after_of, before_with=before_with)

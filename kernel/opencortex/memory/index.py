@@ -341,14 +341,16 @@ class MessageIndex(RankedSearch):
         return self.neighbours_of([message_id]).get(message_id, (None, None))
 
     def neighbours_of(self, message_ids: Iterable[str], *,
-                      after_of: Iterable[str] | None = None, before_with: str | None = None
+                      after_of: Iterable[str] | None = None,
+                      before_with: Iterable[str] | None = None
                       ) -> dict[str, tuple[MessageRecord | None, MessageRecord | None]]:
         """`neighbours` of each of MESSAGE_IDS that is indexed, read by one query (two when
         a message after is looked for: only for the ids in AFTER_OF, default all); the
-        one before (with BEFORE_WITH) only when its text holds BEFORE_WITH."""
+        one before (with BEFORE_WITH) only when its text holds one of BEFORE_WITH."""
         ids = list(message_ids)
+        marks = None if before_with is None else json.dumps(list(before_with))
         found: dict[str, list[MessageRecord | None]] = {}
-        for message_id, *row in self._db.execute(_BEFORE, (json.dumps(ids), before_with)):
+        for message_id, *row in self._db.execute(_BEFORE, (json.dumps(ids), marks)):
             found[message_id] = [None if row[0] is None else
                                  MessageRecord(**record_fields(row)), None]
         wanted = [i for i in (ids if after_of is None else after_of) if i in found]
@@ -366,12 +368,13 @@ def _nearest(sign: str, order: str) -> str:
 
 
 # _BEFORE: each indexed message of a JSON list of ids (?1) with the conversation message
-# before it in its thread's file (NULLs when there is none, or when ?2 is given and its
-# text does not hold ?2).  _AFTER: each that has a message after it, with that message.
+# before it in its thread's file (NULLs when there is none, or when ?2, a JSON list, is
+# given and its text holds none of them).  _AFTER: each that has a message after it, with that message.
 # (Simple joins: one query with both neighbours and a CASE over the ids cost eight times
 # as much.)
 _BEFORE = (f"SELECT h.id, {columns_of('m')} FROM messages h LEFT JOIN messages m "
-           f"ON m.seq = {_nearest('<', 'DESC')} AND (?2 IS NULL OR instr(m.text, ?2) > 0) "
+           f"ON m.seq = {_nearest('<', 'DESC')} AND (?2 IS NULL OR EXISTS (SELECT 1 FROM "
+           f"json_each(?2) WHERE instr(m.text, value) > 0)) "
            f"WHERE h.id IN (SELECT value FROM json_each(?1))")
 _AFTER = (f"SELECT h.id, {columns_of('m')} FROM messages h "
           f"JOIN messages m ON m.seq = {_nearest('>', 'ASC')} "

@@ -12,19 +12,43 @@ import re
 from opencortex.memory.verbforms import other_forms
 
 MAX_QUERY_TERMS = 32
+MAX_QUERY_CHARS = 4096      # of a longer text, its first and its last this many are read
 _POSSESSIVE = re.compile(r"(?<=\w)['\u2019][sS]?$")
 _EDGES = re.compile(r"^\W+|\W+$")
 
 
+def query_text(text: str) -> str:
+    """TEXT, or of a long one its start and its end (MAX_QUERY_CHARS each, cut between
+    words): a pasted page followed by a question costs no more than a short message,
+    and the question still counts."""
+    if len(text) <= 2 * MAX_QUERY_CHARS:
+        return text
+    head = text[:MAX_QUERY_CHARS].rsplit(None, 1)[0]
+    tail = text[-MAX_QUERY_CHARS:].split(None, 1)[-1]
+    return f"{head} {tail}"
+
+
+def bare_word(word: str) -> str:
+    """WORD without surrounding punctuation or a possessive "'s" ("Caroline's?" ->
+    "Caroline", "where's" -> "where"); "" for punctuation alone."""
+    return _POSSESSIVE.sub("", _EDGES.sub("", word))
+
+
 def query_words(text: str) -> list[str]:
-    """The words of TEXT without surrounding punctuation or a possessive "'s"
-    ("Caroline's?" -> "Caroline"), first MAX_QUERY_TERMS, no repeats."""
+    """The words of TEXT (see `query_text`) without surrounding punctuation or a
+    possessive "'s" ("Caroline's?" -> "Caroline"), no repeats; of more than
+    MAX_QUERY_TERMS, the first and the last half of them (a question often ends a
+    long message)."""
     words = []
-    for word in text.replace("\0", " ").split():
-        word = _POSSESSIVE.sub("", _EDGES.sub("", word))
+    for word in query_text(text).replace("\0", " ").split():
+        word = bare_word(word)
         if word:                      # punctuation alone matches nothing
             words.append(word)
-    return list(dict.fromkeys(words))[:MAX_QUERY_TERMS]
+    unique = list(dict.fromkeys(words))
+    if len(unique) <= MAX_QUERY_TERMS:
+        return unique
+    half = MAX_QUERY_TERMS // 2
+    return unique[:half] + unique[-half:]
 
 
 def query_phrases(text: str, *, verb_forms: bool = False) -> list[str]:
