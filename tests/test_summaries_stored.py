@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from opencortex.conversation.branches import CONTROL
 from opencortex.conversation.checkpoint import CHECKPOINT, parse_checkpoint
+from opencortex.conversation.commands import Commands
 from opencortex.conversation.conversations import Conversations, checkpoint_threads
 from opencortex.conversation.session import Session
 from opencortex.conversation.settings import ConversationSettings
@@ -106,6 +107,52 @@ def test_a_restart_reuses_the_kept_summary_and_asks_the_summarizer_nothing(root)
 
         assert run(after()) == context
         assert again.calls == 0
+
+
+def shown(context) -> list[tuple[str, str, int, str]]:
+    return [(e.kind, e.text, e.turn, e.retention) for e in context.entries]
+
+
+def pinning_scenario(root, *steps) -> tuple[list, list]:
+    """STEPS (a number: that many turns; text: a command) in one process; the context
+    then, and the context of the thread opened again after a restart."""
+    async def live():
+        with Archive(root) as archive:
+            conversations = Conversations(archive, ConversationSettings(**SUMMARIZE))
+            done = 0
+            for step in steps:
+                if isinstance(step, int):
+                    await talk(conversations, done + 1, step)
+                    done += step
+                else:
+                    await Commands(conversations).run(await conversations.open(LOCAL), step)
+            return shown((await conversations.open(LOCAL)).context)
+
+    async def restarted():
+        with Archive(root) as archive:
+            conversations = Conversations(archive, ConversationSettings(**SUMMARIZE))
+            return shown((await conversations.open(LOCAL)).context)
+    return run(live()), run(restarted())
+
+
+def test_pinned_messages_come_back_in_their_order_with_their_turn_numbers(root):
+    """Pins outside the window came back ordered by id (random) and as turn 0, so the
+    pinned reply often led the prompt, where the chat skill drops a leading reply."""
+    live, restarted = pinning_scenario(root, 1, "/pin 1", 40)
+    assert restarted == live
+    pinned = [(text.split(":")[0], turn) for kind, text, turn, retention in live
+              if retention == "PRESERVED"]
+    assert pinned == [("Question 1", 1), ("Answer 1", 1)]
+    assert any(kind == "summary" for kind, *_ in live)
+
+
+def test_a_turn_unpinned_after_a_summary_left_it_out_survives_a_restart(root):
+    """A summary made while turn 2 was pinned leaves it out; after /unpin, a restart took
+    the summary to cover it and turn 2 vanished from the context."""
+    live, restarted = pinning_scenario(root, 3, "/pin 2", 40, "/unpin 2")
+    assert [text.split(":")[0] for _, text, turn, _ in live if turn == 2] == [
+        "Question 2", "Answer 2"]
+    assert restarted == live
 
 
 def test_a_changed_thread_is_summarized_again_only_for_what_is_new(root):

@@ -182,36 +182,39 @@ class Conversations:
         strategy = conversation.context.strategy
         context = self._new_context()
         context.set_strategy(strategy)
-        summary, window = self._restored(conversation.log, strategy)
+        summary, window, kept = self._restored(conversation.log, strategy)
         in_window = {entry.id for entry in window}
-        pinned = [self._pinned(conversation.log.record(message_id))
-                  for message_id in sorted(conversation.log.pins())
-                  if message_id not in in_window and self._on_branch(conversation, message_id)]
+        pinned = conversation.log.entries_of((conversation.log.pins() | kept) - in_window)
         conversation.context = context
         conversation.kept_summaries.update(entry.id for entry in summary)
-        entries = [*(e for e in pinned if shown_to_model(e.role, e.turn_type)), *summary,
-                   *(e for e in window if shown_to_model(e.role, e.turn_type))]
+        start = summary[0].turn if summary else 0    # where the summary's turns start
+        entries = [e for e in pinned if e.turn < start] + summary + \
+            [e for e in pinned if e.turn >= start] + window
+        entries = [e for e in entries if e.kind == "summary" or
+                   shown_to_model(e.role, e.turn_type)]
         report = await context.add(*entries) if entries else None
         await self._keep_summaries(conversation)
         return report
 
     @staticmethod
-    def _restored(log: ThreadLog, strategy: str) -> tuple[list[Entry], list[Entry]]:
-        """([the newest kept summary of the branch], the messages after it), or
-        ([], the newest messages) when there is none or the strategy makes none."""
+    def _restored(log: ThreadLog, strategy: str
+                  ) -> tuple[list[Entry], list[Entry], set[str]]:
+        """([the newest kept summary of the branch], the messages after it, the messages
+        it left out as pinned then), or ([], the newest messages, {}) when there is none
+        or the strategy makes none."""
         if strategy in SUMMARIZING:
-            pins = log.pins()
             for summary in log.summaries():
                 after = log.position(summary.last, within=WINDOW_MESSAGES + 1)
                 if after is None:
                     continue
+                left_out = log.pins() | set(summary.kept)
                 covered = log.recent_ids(after + 1 + WINDOW_MESSAGES)
                 covered = covered[:len(covered) - after]
                 if summary.first in covered:
                     covered = covered[covered.index(summary.first):]
-                entry = restored_entry(summary, tuple(i for i in covered if i not in pins))
-                return [entry], log.entries(limit=after) if after else []
-        return [], log.entries(limit=WINDOW_MESSAGES)
+                entry = restored_entry(summary, tuple(i for i in covered if i not in left_out))
+                return [entry], log.entries(limit=after) if after else [], set(summary.kept)
+        return [], log.entries(limit=WINDOW_MESSAGES), set()
 
     async def _keep_summaries(self, conversation: Conversation) -> None:
         """Archive the summaries the context made since the last call (never fatal)."""
@@ -224,25 +227,17 @@ class Conversations:
                 last = thread_log.turn_of(entry.covers[-1]) if entry.covers else None
                 first = entry.turn or last or 0
                 turns = f"{first}-{last}" if last and last != first else str(first)
+                covers = set(entry.covers)
+                kept = sorted(i for i in thread_log.pins() if i not in covers and
+                              first <= (thread_log.turn_of(i) or -1) <= (last or first))
                 await thread_log.keep_summary_async(summary_message(
                     conversation.thread, entry, strategy=conversation.context.strategy,
-                    branch=thread_log.branch, turns=turns))
+                    branch=thread_log.branch, turns=turns, kept=kept))
             except (ArchiveError, ValueError) as error:
                 log.warning("could not keep a summary of %s (%s)", conversation.thread,
                             type(error).__name__)
         conversation.kept_summaries.intersection_update(
             entry.id for entry in conversation.context.entries if entry.kind == "summary")
-
-    @staticmethod
-    def _on_branch(conversation: Conversation, message_id: str) -> bool:
-        """Whether MESSAGE_ID is on the conversation's current branch."""
-        return conversation.log.turn_of(message_id) is not None
-
-    def _pinned(self, record: MessageRecord) -> Entry:
-        """The context entry of a pinned message outside the window."""
-        return Entry(id=record.id, role=record.role, text=record.text, turn=0,
-                     turn_type=record.turn_type, retention="PRESERVED")
-
 
     async def forget(self, thread: Thread, *, apply: bool) -> int:
         """How many messages of THREAD forgetting removes; with APPLY they are removed

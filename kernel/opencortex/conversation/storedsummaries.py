@@ -17,18 +17,22 @@ turns and history never show it as something someone said::
     :TURNS:    2-40
     :FIRST:    <id of the first message it covers>
     :LAST:     <id of the last message it covers>
+    :KEPT:     <ids of the messages between them pinned then, if any>
     :END:
     [Summary of turns 2-40] user (turn 2): …
 
 A summary covers the messages of its branch from FIRST to LAST except pinned
-ones (which are never folded) and those dropped as small talk: after a
-restart the context is the pins, the summary, then the messages after LAST.
+ones (which are never folded: KEPT names them, so one unpinned since is not
+taken for covered) and those dropped as small talk: after a restart the
+context is the pins and the messages KEPT, the summary, then the messages
+after LAST.
 A record lacking any of these properties is ignored (not fatal); a torn one
 never reaches a reader (see `memory.completeness`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opencortex.conversation.branches import BRANCH, CONTROL
@@ -37,7 +41,7 @@ from opencortex.events import Thread
 from opencortex.memory import MessageRecord, NewMessage
 
 SUMMARY = "summary"           # the CONTROL kind of a summary record
-STRATEGY, TURNS, FIRST, LAST = "STRATEGY", "TURNS", "FIRST", "LAST"
+STRATEGY, TURNS, FIRST, LAST, KEPT = "STRATEGY", "TURNS", "FIRST", "LAST", "KEPT"
 ID_PREFIX = "summary:"        # context entry ids of summaries
 
 
@@ -51,6 +55,7 @@ class StoredSummary:
     turns: str                # e.g. "2-40" or "7"
     first: str                # id of the first message covered
     last: str                 # id of the last message covered
+    kept: tuple[str, ...] = ()   # ids between them left out, pinned when it was made
 
     @property
     def first_turn(self) -> int:
@@ -70,12 +75,14 @@ def is_summary(record: MessageRecord | NewMessage) -> bool:
 
 
 def summary_message(thread: Thread, entry: Entry, *, strategy: str, branch: str,
-                    turns: str) -> NewMessage:
-    """The record that keeps summary ENTRY (its covers oldest first) of BRANCH."""
+                    turns: str, kept: Sequence[str] = ()) -> NewMessage:
+    """The record that keeps summary ENTRY (its covers oldest first) of BRANCH; KEPT:
+    the pinned messages it left out between them."""
     if entry.kind != "summary" or not entry.covers:
         raise ValueError("only a summary entry that covers messages can be stored")
     extra = {CONTROL: SUMMARY, BRANCH: branch, STRATEGY: strategy, TURNS: turns or "0",
-             FIRST: entry.covers[0], LAST: entry.covers[-1]}
+             FIRST: entry.covers[0], LAST: entry.covers[-1],
+             **({KEPT: " ".join(kept)} if kept else {})}
     return NewMessage(role="system", text=entry.text, thread=thread, turn_type="silence",
                       parent=None, extra=extra)
 
@@ -88,7 +95,8 @@ def stored_summary(record: MessageRecord) -> StoredSummary | None:
     if not all(values) or not record.text:
         return None
     strategy, turns, first, last = values
-    return StoredSummary(record.id, record.text, strategy, turns, first, last)
+    kept = tuple(record.extra.get(KEPT, "").split())
+    return StoredSummary(record.id, record.text, strategy, turns, first, last, kept)
 
 
 def restored_entry(summary: StoredSummary, covers: tuple[str, ...]) -> Entry:

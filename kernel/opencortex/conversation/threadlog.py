@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from opencortex.conversation.branches import BranchState, is_control
@@ -306,17 +306,25 @@ class ThreadLog(Resumable, BranchOps):
         """
         path = self._whole_path(limit)
         first = 0 if limit is None else max(0, len(path) - limit)
-        pins = self._state.pins
-        out = []
-        for index in range(first, len(path)):
-            record = self._records[path[index]]
-            retention = ("PRESERVED" if record.id in pins
-                         else default_retention(record.role, record.text, record.turn_type))
-            out.append(Entry(id=record.id, role=record.role, text=record.text,
-                             turn=self._turn_base + bisect.bisect_right(self._turn_starts,
-                                                                        index),
-                             turn_type=record.turn_type, retention=retention))
-        return out
+        return [self._entry(path, index) for index in range(first, len(path))]
+
+    def entries_of(self, message_ids: Collection[str]) -> list[Entry]:
+        """Those of MESSAGE_IDS on the current branch as Entries (pinned ones PRESERVED),
+        in the branch's order and with their turn numbers (the branch is read whole)."""
+        wanted = set(message_ids)
+        if not wanted:
+            return []
+        path = self._whole_path(None)
+        return [self._entry(path, index) for index, mid in enumerate(path) if mid in wanted]
+
+    def _entry(self, path: list[str], index: int) -> Entry:
+        """The Entry of the message at INDEX of the current branch's PATH."""
+        record = self._records[path[index]]
+        retention = ("PRESERVED" if record.id in self._state.pins
+                     else default_retention(record.role, record.text, record.turn_type))
+        return Entry(id=record.id, role=record.role, text=record.text,
+                     turn=self._turn_base + bisect.bisect_right(self._turn_starts, index),
+                     turn_type=record.turn_type, retention=retention)
 
     # -- writing ----------------------------------------------------------
 
