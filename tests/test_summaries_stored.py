@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import tempfile
 from pathlib import Path
 
@@ -313,6 +314,35 @@ def test_resume_reads_the_tail_only_and_agrees_with_a_whole_replay(root, monkeyp
         monkeypatch.undo()
         assert resumed.turn_count() == 301
         assert whole(resumed) == whole(ThreadLog.load(archive, LOCAL))   # made whole on demand
+
+
+@pytest.mark.parametrize("edit", ["turns=999", "tokens=1", "branch=other", "strategy=galois",
+                                  "pins=PINNED"])
+def test_a_hand_edited_checkpoint_is_no_checkpoint(root, edit):
+    """A checkpoint's values were trusted as written: turns=999 numbered every later turn
+    wrong and made /pin of a turn past the real count raise IndexError; pins, branch and
+    strategy edits changed the state.  Its sum no longer matches: the thread is read
+    whole, and the state is the file's."""
+    with Archive(root) as archive:
+        log = ThreadLog.load(archive, LOCAL)
+        for n in range(40):
+            records = log.append_turn([NewMessage(role="user", text=f"q{n}", thread=LOCAL),
+                                       reply(n)], checkpoint=True)
+        truth = ThreadLog.load(archive, LOCAL)
+        expected = (view(truth, 20), truth.turn_count(), truth.head_tokens(), truth.branch,
+                    truth.strategy, truth.pins())
+        path = archive.thread_file(LOCAL)
+        text = path.read_text()
+        key = edit.split("=")[0]
+        old = re.findall(rf" {key}=\S*", text)[-1]
+        new = " " + edit.replace("PINNED", records[0].id)
+        path.write_text(text[:text.rindex(old)] + new + text[text.rindex(old) + len(old):])
+    with Archive(root) as archive:
+        resumed = ThreadLog.resume(archive, LOCAL, window=20)
+        assert (view(resumed, 20), resumed.turn_count(), resumed.head_tokens(), resumed.branch,
+                resumed.strategy, resumed.pins()) == expected
+        with pytest.raises(ValueError, match="there is no turn 41"):
+            resumed.turn(41)
 
 
 def test_a_thread_filled_without_checkpoints_resumes_from_its_tail_once_one_is_written(

@@ -4,7 +4,7 @@ A turn written through `Conversations.record_turn` carries, on its last reply
 record, one extra property `:CHECKPOINT:` describing the thread log's state
 just BEFORE that write (the write itself is replayed on top of it)::
 
-    :CHECKPOINT: head=<id> branch=main turns=41 tokens=5230 seen=<id> first=<id> strategy=summarize pins=<id>,<id>
+    :CHECKPOINT: head=<id> branch=main turns=41 tokens=5230 seen=<id> first=<id> strategy=summarize pins=<id>,<id> sum=<crc32>
 
 - head, branch: the current branch and its newest message ("" when empty);
 - turns, tokens: that branch's turn count and TOKENS_IN + TOKENS_OUT so far;
@@ -14,20 +14,25 @@ just BEFORE that write (the write itself is replayed on top of it)::
 - first: the id of the first conversation message of the file ("" = none yet),
   so a reader can tell that older messages were not forgotten since.
 
+- sum: the CRC-32 of everything before it, so that a hand edit of the line is
+  noticed (a checkpoint saying 999 turns would number every later turn wrong).
+
 Values are ids, numbers and words separated by single spaces; a branch name
-is percent-encoded.  A value that cannot be read is no checkpoint (the
-thread is then read whole, as before checkpoints existed).
+is percent-encoded.  A value that cannot be read, or whose sum does not match
+(or that has none: an older kernel wrote it), is no checkpoint: the thread is
+then read whole, as before checkpoints existed, and its next turn writes one.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 CHECKPOINT = "CHECKPOINT"
 _FIELD = re.compile(r"([a-z]+)=(\S*)")
-_FIELDS = ("head", "branch", "turns", "tokens", "seen", "first", "strategy", "pins")
+_FIELDS = ("head", "branch", "turns", "tokens", "seen", "first", "strategy", "pins", "sum")
 
 
 @dataclass(frozen=True)
@@ -45,16 +50,25 @@ class Checkpoint:
 
     def render(self) -> str:
         """The `:CHECKPOINT:` value (one line)."""
-        return (f"head={self.head or ''} branch={quote(self.branch, safe='')} "
-                f"turns={self.turns} tokens={self.tokens} seen={self.seen or ''} "
-                f"first={self.first or ''} strategy={self.strategy or ''} "
-                f"pins={','.join(sorted(self.pins))}")
+        value = (f"head={self.head or ''} branch={quote(self.branch, safe='')} "
+                 f"turns={self.turns} tokens={self.tokens} seen={self.seen or ''} "
+                 f"first={self.first or ''} strategy={self.strategy or ''} "
+                 f"pins={','.join(sorted(self.pins))}")
+        return f"{value} sum={_sum(value)}"
+
+
+def _sum(value: str) -> str:
+    return f"{zlib.crc32(value.encode('utf-8')):08x}"
 
 
 def parse_checkpoint(value: str) -> Checkpoint | None:
-    """The checkpoint VALUE describes; None when it is malformed or incomplete."""
+    """The checkpoint VALUE describes; None when it is malformed, incomplete or edited
+    (its sum does not match)."""
     fields = dict(_FIELD.findall(value))
     if set(fields) != set(_FIELDS) or len(value.split()) != len(_FIELDS):
+        return None
+    signed, _, given = value.rpartition(" sum=")
+    if given != _sum(signed):
         return None
     try:
         turns, tokens = int(fields["turns"]), int(fields["tokens"])
