@@ -156,6 +156,34 @@ def test_a_turn_unpinned_after_a_summary_left_it_out_survives_a_restart(root):
     assert restarted == live
 
 
+def test_a_summary_followed_by_more_messages_than_a_start_reads_is_kept(root, monkeypatch):
+    """A start looked for the kept summary among the newest WINDOW_MESSAGES messages
+    only: with more short messages after it than that, it fell back to those messages
+    without the summary, and all older history left the context.  The checkpoint names
+    the branch's newest summary, so a start finds it (reading the thread whole once)."""
+    monkeypatch.setattr("opencortex.conversation.conversations.WINDOW_MESSAGES", 20)
+
+    async def live():
+        with Archive(root) as archive:
+            conversations = Conversations(archive, ConversationSettings(**SUMMARIZE))
+            await talk(conversations, 1, 20)                      # long turns: a summary
+            conversation = await conversations.open(LOCAL)
+            assert summaries_in(conversation.context)
+            for n in range(30):                                   # 60 short messages
+                await conversations.record_turn(LOCAL, [
+                    NewMessage(role="user", text=f"q{n}", thread=LOCAL),
+                    NewMessage(role="assistant", text=f"a{n}", thread=LOCAL)], {})
+            return shown(conversation.context)
+
+    async def restarted():
+        with Archive(root) as archive:
+            conversations = Conversations(archive, ConversationSettings(**SUMMARIZE))
+            return shown((await conversations.open(LOCAL)).context)
+    before = run(live())
+    assert before[0][0] == "summary" and sum(kind == "message" for kind, *_ in before) > 20
+    assert run(restarted()) == before
+
+
 def test_a_changed_thread_is_summarized_again_only_for_what_is_new(root):
     async def scenario():
         with Archive(root) as archive:

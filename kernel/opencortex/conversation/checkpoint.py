@@ -4,7 +4,7 @@ A turn written through `Conversations.record_turn` carries, on its last reply
 record, one extra property `:CHECKPOINT:` describing the thread log's state
 just BEFORE that write (the write itself is replayed on top of it)::
 
-    :CHECKPOINT: head=<id> branch=main turns=41 tokens=5230 seen=<id> first=<id> strategy=summarize pins=<id>,<id> sum=<crc32>
+    :CHECKPOINT: head=<id> branch=main turns=41 tokens=5230 seen=<id> first=<id> strategy=summarize pins=<id>,<id> summary=<id> sum=<crc32>
 
 - head, branch: the current branch and its newest message ("" when empty);
 - turns, tokens: that branch's turn count and TOKENS_IN + TOKENS_OUT so far;
@@ -14,6 +14,8 @@ just BEFORE that write (the write itself is replayed on top of it)::
 - first: the id of the first conversation message of the file ("" = none yet),
   so a reader can tell that older messages were not forgotten since.
 
+- summary: the newest summary record of the branch ("" = none), which a restart
+  puts back even when it lies before the tail it reads;
 - sum: the CRC-32 of everything before it, so that a hand edit of the line is
   noticed (a checkpoint saying 999 turns would number every later turn wrong).
 
@@ -32,7 +34,8 @@ from urllib.parse import quote, unquote
 
 CHECKPOINT = "CHECKPOINT"
 _FIELD = re.compile(r"([a-z]+)=(\S*)")
-_FIELDS = ("head", "branch", "turns", "tokens", "seen", "first", "strategy", "pins", "sum")
+_FIELDS = ("head", "branch", "turns", "tokens", "seen", "first", "strategy", "pins", "summary",
+           "sum")
 
 
 @dataclass(frozen=True)
@@ -47,13 +50,14 @@ class Checkpoint:
     first: str | None
     strategy: str | None
     pins: frozenset[str]
+    summary: str | None = None
 
     def render(self) -> str:
         """The `:CHECKPOINT:` value (one line)."""
         value = (f"head={self.head or ''} branch={quote(self.branch, safe='')} "
                  f"turns={self.turns} tokens={self.tokens} seen={self.seen or ''} "
                  f"first={self.first or ''} strategy={self.strategy or ''} "
-                 f"pins={','.join(sorted(self.pins))}")
+                 f"pins={','.join(sorted(self.pins))} summary={self.summary or ''}")
         return f"{value} sum={_sum(value)}"
 
 
@@ -80,4 +84,5 @@ def parse_checkpoint(value: str) -> Checkpoint | None:
     return Checkpoint(head=fields["head"] or None, branch=branch, turns=turns, tokens=tokens,
                       seen=fields["seen"] or None, first=fields["first"] or None,
                       strategy=fields["strategy"] or None,
-                      pins=frozenset(p for p in fields["pins"].split(",") if p))
+                      pins=frozenset(p for p in fields["pins"].split(",") if p),
+                      summary=fields["summary"] or None)

@@ -203,10 +203,14 @@ class Conversations:
         it left out as pinned then), or ([], the newest messages, {}) when there is none
         or the strategy makes none."""
         if strategy in SUMMARIZING:
-            for summary in log.summaries():
-                after = log.position(summary.last, within=WINDOW_MESSAGES + 1)
-                if after is None:
-                    continue
+            near = next(((summary, after) for summary in log.summaries() if (
+                after := log.position(summary.last, within=WINDOW_MESSAGES + 1)) is not None),
+                None)
+            if near is None and (summary := log.branch_summary()) is not None:
+                # More messages followed it than a start reads: the log was made whole.
+                near = (summary, log.position(summary.last, within=len(log)))
+            if near is not None and near[1] is not None:
+                summary, after = near
                 left_out = log.pins() | set(summary.kept)
                 covered = log.recent_ids(after + 1 + WINDOW_MESSAGES)
                 covered = covered[:len(covered) - after]

@@ -64,6 +64,8 @@ class Resumable:
         self._state.current = checkpoint.branch
         self._state.pins = set(checkpoint.pins)
         self._state.strategy = checkpoint.strategy
+        self._newest_summary = {checkpoint.branch: checkpoint.summary} \
+            if checkpoint.summary else {}
         self._path, self._path_head = list(tail.path), checkpoint.head
         rooted = not self._path or self._records[self._path[0]].parent is None
         self._turn_starts = [i for i, mid in enumerate(self._path)
@@ -95,6 +97,7 @@ class Resumable:
         summary = stored_summary(record)
         if summary is not None:
             self._summaries.append(summary)
+            self._newest_summary[summary.branch] = summary.record_id
         return True
 
     def _write(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
@@ -157,6 +160,16 @@ class Resumable:
         """The newest summary records of the thread (any branch), newest first."""
         return list(reversed(self._summaries))
 
+    def branch_summary(self) -> StoredSummary | None:
+        """The newest summary record of the current branch, None when it has none; a
+        partial log that does not hold it (it lies before the tail) is made whole."""
+        wanted = self._newest_summary.get(self.branch)
+        if wanted is None:
+            return None
+        if all(summary.record_id != wanted for summary in self._summaries):
+            self._complete()
+        return next((s for s in self._summaries if s.record_id == wanted), None)
+
     def checkpoint(self) -> dict[str, str]:
         """The `:CHECKPOINT:` extra property for the next write ({} for a log of working
         memory, or one that saw another process write)."""
@@ -165,7 +178,8 @@ class Resumable:
         return {CHECKPOINT: Checkpoint(
             head=self.head, branch=self.branch, turns=self.turn_count(),
             tokens=self._head_tokens, seen=self._last_seen, first=self._first_message,
-            strategy=self.strategy, pins=frozenset(self._state.pins)).render()}
+            strategy=self.strategy, pins=frozenset(self._state.pins),
+            summary=self._newest_summary.get(self.branch)).render()}
 
     def write_checkpoint(self) -> MessageRecord | None:
         """Archive a checkpoint control record (a write of its own) so the next start

@@ -56,6 +56,7 @@ class StoredSummary:
     first: str                # id of the first message covered
     last: str                 # id of the last message covered
     kept: tuple[str, ...] = ()   # ids between them left out, pinned when it was made
+    branch: str = ""             # the branch it summarizes
 
     @property
     def first_turn(self) -> int:
@@ -96,7 +97,8 @@ def stored_summary(record: MessageRecord) -> StoredSummary | None:
         return None
     strategy, turns, first, last = values
     kept = tuple(record.extra.get(KEPT, "").split())
-    return StoredSummary(record.id, record.text, strategy, turns, first, last, kept)
+    return StoredSummary(record.id, record.text, strategy, turns, first, last, kept,
+                         record.extra.get(BRANCH, ""))
 
 
 def restored_entry(summary: StoredSummary, covers: tuple[str, ...]) -> Entry:

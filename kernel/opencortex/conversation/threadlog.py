@@ -69,6 +69,7 @@ class ThreadLog(Resumable, BranchOps):
         self._turn_base = 0                              # turns begun before _path[0] (partial)
         self._head_tokens = 0                            # TOKENS_IN + TOKENS_OUT up to the head
         self._summaries: deque[StoredSummary] = deque(maxlen=SUMMARIES_KEPT)
+        self._newest_summary: dict[str, str] = {}        # branch -> its newest summary's id
         self._last_seen: str | None = None               # newest entry of the file applied
         self._first_message: str | None = None           # oldest conversation message
         self._partial = False                            # resumed from the tail of the file
