@@ -337,6 +337,25 @@ def test_a_question_at_the_end_of_a_long_message_is_searched(archive):
     assert len(query_words(page)) == 32
 
 
+def test_chinese_and_japanese_are_found_by_the_words_in_them(archive):
+    """A run of Chinese characters or kana, written without spaces, was one "word" to
+    the tokenizer: "东京" never found "我住在东京".  Pairs of characters are terms."""
+    [tokyo, weather, cat] = archive.append([
+        say("我住在东京，很喜欢拉面", CLI), say("東京の天気は晴れです", CLI),
+        say("我的猫叫小白", CLI)])
+    archive.append([say(f"filler {i} 今天很好", CLI) for i in range(10)])
+    assert [h.id for h in archive.search("东京", thread=CLI)] == [tokyo.id]
+    assert [h.id for h in archive.search("猫", thread=CLI)] == [cat.id]
+    [best, *_] = archive.search("東京の天気はどう？", thread=CLI)
+    assert best.id == weather.id and "天気" in best.matched
+    recall = Recall(archive, {})
+    [first, *_] = recall.recall(EMACS, "我的猫叫什么名字？", k=2)
+    assert first.text.endswith("我的猫叫小白")
+    text = recall.explain(EMACS, "东京的拉面怎么样？")
+    assert "matched: 东京, 拉面" in text
+    assert query_words("东京的邮编？ ok") == ["东京", "京的", "的邮", "邮编", "ok"]
+
+
 def test_the_neighbours_of_several_messages_come_from_one_read(archive):
     """Each known id's conversation neighbours in its own thread, as `neighbours` gives
     them one at a time: control records are passed over, an unknown id is left out, the

@@ -8,7 +8,8 @@ dropped and rebuilt at any time.  Tables:
 - `fts_N`: one FTS5 table per partition (an owner, see `partitions`) over
   the message text, with the thread as a single opaque token in its own
   column so `thread:(A OR B) AND text:(...)` narrows fast, and the sender in
-  a third (a filter too: what a named person said, see `RankedSearch`).
+  a third (a filter too: what a named person said, see `RankedSearch`), and
+  the Chinese and Japanese terms of the text in a fourth (see `cjk`).
   Ranking (bm25) thus uses the owner's own word statistics.  Control records (a
   branch/head/pin note, marked by a CONTROL extra property) are kept in
   `messages` but never put in an FTS table: search cannot return them;
@@ -34,6 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from opencortex.events import Thread
+from opencortex.memory.cjk import cjk_terms
 from opencortex.memory.partitions import (DEFAULT_TOKENIZER, Partition, Partitions,
                                           fts_tables, thread_token, NOT_CONTROL)  # noqa: F401
 from opencortex.memory.ranking import RankedSearch
@@ -42,7 +44,7 @@ from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_field
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _SCHEMA = """
 CREATE TABLE messages (
     seq INTEGER PRIMARY KEY,
@@ -261,8 +263,10 @@ class MessageIndex(RankedSearch):
                     table = self._parts.table_of(rec.thread)
                     sender = who(rec.sender, rec.extra)
                     self._db.execute(
-                        f"INSERT INTO {table} (rowid, text, thread, sender) VALUES (?, ?, ?, ?)",
-                        (cursor.lastrowid, rec.text, thread_token(rec.thread), sender))
+                        f"INSERT INTO {table} (rowid, text, thread, sender, cjk) "
+                        "VALUES (?, ?, ?, ?, ?)", (cursor.lastrowid, rec.text,
+                                                   thread_token(rec.thread), sender,
+                                                   cjk_terms(rec.text)))
                     if sender and self._parts.note_sender(table, sender):
                         self.generation += 1        # readers learn the new sender at once
                 added += 1

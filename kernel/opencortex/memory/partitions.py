@@ -34,6 +34,7 @@ import unicodedata
 from collections.abc import Callable, Collection, Iterable
 
 from opencortex.events import Thread
+from opencortex.memory.cjk import cjk_terms
 from opencortex.memory.query import fts_phrase
 from opencortex.memory.rows import WHO
 
@@ -46,8 +47,10 @@ TOKENIZERS = {
 DEFAULT_TOKENIZER = "porter"
 SHARED_TTL = 1.0            # seconds a table's thread count is reused, at most
 SENDERS_TTL = 1.0           # seconds another process's new senders may go unnoticed
-BM25_WEIGHTS = "1.0, 0.0, 0.0"   # bm25 weights of the columns: text; thread and sender
-                                 # are filters only
+BM25_WEIGHTS = "1.0, 0.0, 0.0, 1.0"   # bm25 weights of the columns: text; thread and
+                                      # sender are filters only; the text's Chinese and
+                                      # Japanese terms (see `cjk`)
+TEXT = "{text cjk}"         # the FTS5 columns a search of words looks in
 NOT_CONTROL = "json_extract(extra, '$.CONTROL') IS NULL"
 _WORD = re.compile(r"\w+")
 
@@ -104,6 +107,7 @@ class Partitions:
 
     def attach(self, db: sqlite3.Connection) -> None:
         """Work on the index connection DB from now on."""
+        db.create_function("cjk_terms", 1, cjk_terms, deterministic=True)
         self._db = db
         self.forget_cache()
 
@@ -184,7 +188,8 @@ class Partitions:
         number = self._db.execute("SELECT coalesce(max(tab), 0) + 1 FROM parts").fetchone()[0]
         self._db.execute("INSERT INTO parts (name, tab) VALUES (?, ?)", (part, number))
         self._db.execute(f"CREATE VIRTUAL TABLE fts_{number} USING fts5 "
-                         f"(text, thread, sender, tokenize = '{TOKENIZERS[self.tokenizer]}')")
+                         f"(text, thread, sender, cjk, "
+                         f"tokenize = '{TOKENIZERS[self.tokenizer]}')")
         self._db.execute(f"INSERT INTO fts_{number} (fts_{number}, rank) "
                          f"VALUES ('rank', 'bm25({BM25_WEIGHTS})')")
         return number
@@ -260,8 +265,8 @@ class Partitions:
         new = f"fts_{self._table_number(part)}"
         self._db.execute("UPDATE thread_parts SET part = ? WHERE channel = ? AND chat_id = ?",
                          (part, *thread))
-        self._db.execute(f"INSERT INTO {new} (rowid, text, thread, sender) "
-                         f"SELECT seq, text, ?, {WHO} FROM messages "
+        self._db.execute(f"INSERT INTO {new} (rowid, text, thread, sender, cjk) "
+                         f"SELECT seq, text, ?, {WHO}, cjk_terms(text) FROM messages "
                          f"WHERE channel = ? AND chat_id = ? AND {NOT_CONTROL}",
                          (thread_token(thread), *thread))
         for sender in senders:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from opencortex.memory.cjk import cjk_words
 from opencortex.memory.verbforms import other_forms
 
 MAX_QUERY_TERMS = 32
@@ -36,14 +37,16 @@ def bare_word(word: str) -> str:
 
 def query_words(text: str) -> list[str]:
     """The words of TEXT (see `query_text`) without surrounding punctuation or a
-    possessive "'s" ("Caroline's?" -> "Caroline"), no repeats; of more than
+    possessive "'s" ("Caroline's?" -> "Caroline"), Chinese and Japanese as pairs of
+    characters (see `cjk`), no repeats; of more than
     MAX_QUERY_TERMS, the first and the last half of them (a question often ends a
     long message)."""
     words = []
-    for word in query_text(text).replace("\0", " ").split():
-        word = bare_word(word)
-        if word:                      # punctuation alone matches nothing
-            words.append(word)
+    for spaced in query_text(text).replace("\0", " ").split():
+        for word in cjk_words(bare_word(spaced)):     # "东京的" -> "东京", "京的"
+            word = bare_word(word)
+            if word:                  # punctuation alone matches nothing
+                words.append(word)
     unique = list(dict.fromkeys(words))
     if len(unique) <= MAX_QUERY_TERMS:
         return unique

@@ -17,7 +17,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import closing
 
 from opencortex.events import Thread
-from opencortex.memory.partitions import BM25_WEIGHTS, Partitions, folded_words, thread_token
+from opencortex.memory.partitions import BM25_WEIGHTS, TEXT, Partitions, folded_words, thread_token
 from opencortex.memory.query import fts_phrase, query_phrases, query_words
 from opencortex.memory.records import SearchHit
 from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_fields, text_key
@@ -178,7 +178,7 @@ class RankedSearch:
         rare = self._rarest(table, phrases)
         if not rare and informative_only:
             return []
-        words = f"text:({' OR '.join(rare or phrases)})"
+        words = f"{TEXT}:({' OR '.join(rare or phrases)})"
         match = words if tokens is None else f"thread:({' OR '.join(tokens)}) AND {words}"
         if senders:
             match += f" AND sender:({' OR '.join(senders)})"
@@ -200,7 +200,8 @@ class RankedSearch:
         for _, (rowid, *_), table, words in kept:    # one seek per row: no full match list
             row = self._db.execute(
                 f"SELECT snippet({table}, 0, '[', ']', '…', 12), "
-                f"highlight({table}, 0, char(2), char(3)) FROM {table} "
+                f"highlight({table}, 0, char(2), char(3)) || ' ' || "
+                f"highlight({table}, 3, char(2), char(3)) FROM {table} "
                 f"WHERE {table} MATCH ? AND rowid = ?", (words, rowid)).fetchone()
             matched = [] if row is None else list(dict.fromkeys(
                 word.lower() for word in _HIGHLIGHTED.findall(row[1])))
@@ -256,7 +257,7 @@ class RankedSearch:
                 return found
         found = self._db.execute(
             f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT ?)",
-            (f"text:{phrase}", COMMON_DOCS + 1)).fetchone()[0]
+            (f"{TEXT}:{phrase}", COMMON_DOCS + 1)).fetchone()[0]
         if found >= COUNTED_FROM:
             if len(self._counts) >= MAX_COUNTS:
                 self._counts.clear()
