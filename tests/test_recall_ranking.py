@@ -7,7 +7,7 @@ import logging
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 
 import pytest
 
@@ -287,6 +287,21 @@ def test_a_date_in_the_question_searches_that_period_first(archive):
     month = datetime.fromtimestamp(now - 90 * DAY).strftime("%B %Y")
     [best, *_] = recall.recall(EMACS, f"What did I bake in {month}?", k=3)
     assert "apple pie" in best.text
+
+
+def test_a_question_about_a_period_alone_recalls_what_was_said_then(archive):
+    """"What did we talk about yesterday?" searched "talk" in yesterday's messages and
+    recalled nothing when no message held it: it recalls yesterday's messages, newest
+    first, of this owner only."""
+    noon = datetime.combine(date.today() - timedelta(days=1), datetime.min.time()).timestamp() \
+        + 12 * 3600                                                   # yesterday, 12:00
+    archive.append([say(text, CLI, timestamp=noon + hours * 3600) for text, hours in (
+        ("the sky was blue", -1), ("we planned the garden beds", 0),
+        ("notes from last month", -30 * 24))])
+    archive.append([say("another owner's secret", ALICE, timestamp=noon)])
+    entries = Recall(archive, {}).recall(EMACS, "What did we talk about yesterday?", k=5)
+    assert [e.text.split("] ")[1] for e in entries] == ["we planned the garden beds",
+                                                        "the sky was blue"]
 
 
 def test_now_puts_the_newer_of_two_matches_first(archive):

@@ -267,8 +267,10 @@ class Recall:
             if len(kept) >= k or (len(said) < k and len(general) < k):
                 return kept[:k], hint
         found: list[SearchHit] = []
-        if hint.window is not None:       # a period named is searched either way
-            found += _mix(*tiers(limit=2 * k, window=hint.window))
+        if hint.window is not None:       # a period named is searched either way; when
+            found += _mix(*tiers(limit=2 * k, window=hint.window)) or \
+                self.archive.said_within(hint.window, limit=k, exclude_ids=exclude_ids,
+                                         **where)   # no word matches: what was said then
         said, general = tiers(limit=CANDIDATES * k, informative_only=informative_only)
         if hint.recent:
             said, general = _newer_first(said), _newer_first(general)

@@ -71,6 +71,16 @@ class ArchiveQueries:
                                 informative_only=informative_only, senders=senders,
                                 distinct=distinct)
 
+    def said_within(self, window: tuple[float, float], *, limit: int = 10,
+                    threads: Sequence[Thread] | None = None,
+                    owners: Collection[str] | None = None,
+                    exclude_ids: Collection[str] = ()) -> list[SearchHit]:
+        """The newest LIMIT messages of THREADS (or of OWNERS' threads, as in `search`)
+        said within WINDOW (start, end epoch seconds), whatever their words."""
+        scope = check_scope(None, threads, owners)
+        with self._reading() as index:
+            return index.said_within(window, check_limit(limit), scope, owners, exclude_ids)
+
     def speakers(self, query: str, *, threads: Sequence[Thread] | None = None,
                  owners: Collection[str] | None = None) -> list[str]:
         """The words of QUERY that name a sender in THREADS (or of OWNERS' threads, as

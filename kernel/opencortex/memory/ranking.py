@@ -17,7 +17,8 @@ from collections.abc import Set as AbstractSet
 from contextlib import closing
 
 from opencortex.events import Thread
-from opencortex.memory.partitions import BM25_WEIGHTS, TEXT, Partitions, folded_words, thread_token
+from opencortex.memory.partitions import (BM25_WEIGHTS, NOT_CONTROL, TEXT, Partitions,
+                                          folded_words, thread_token)
 from opencortex.memory.query import fts_phrase, query_phrases, query_words
 from opencortex.memory.records import SearchHit
 from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_fields, text_key
@@ -138,6 +139,30 @@ class RankedSearch:
                     named.append(word)
                     break
         return named
+
+    def said_within(self, window: tuple[float, float], limit: int,
+                    threads: Collection[Thread] | None = None,
+                    owners: Collection[str] | None = None,
+                    exclude_ids: Collection[str] = ()) -> list[SearchHit]:
+        """The newest LIMIT messages of THREADS (or of OWNERS' threads) said within
+        WINDOW (start, end epoch seconds), whatever their words: "what did we talk
+        about yesterday" asks for those.  Control records are never returned."""
+        if owners is not None:
+            names = sorted(set(owners))
+            scope = (f"(m.channel, m.chat_id) IN (SELECT channel, chat_id FROM thread_parts "
+                     f"WHERE part IN ({', '.join('?' * len(names))}))")
+        else:
+            names = [value for thread in sorted(set(threads or ())) for value in thread]
+            scope = " OR ".join(["(m.channel = ? AND m.chat_id = ?)"] * (len(names) // 2))
+        if not names or limit <= 0:
+            return []
+        rows = self._db.execute(
+            f"SELECT {columns_of('m')} FROM messages m WHERE ({scope}) AND m.epoch >= ? "
+            f"AND m.epoch < ? AND {NOT_CONTROL} ORDER BY m.epoch DESC LIMIT ?",
+            (*names, *window, limit + len(exclude_ids))).fetchall()
+        hits = [SearchHit(**record_fields(row), score=0.0, snippet="", matched=[])
+                for row in rows]
+        return [hit for hit in hits if hit.id not in exclude_ids][:limit]
 
     def _sends_in(self, table: str, tokens: list[str], word: str) -> bool:
         """Whether a sender holding WORD has a message in the threads TOKENS of TABLE."""
