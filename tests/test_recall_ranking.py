@@ -458,6 +458,15 @@ def test_explain_names_only_the_words_matched_not_brackets_of_the_text(archive):
     ("last March", "2026-03-01", "2026-04-01"),
     ("last November", "2025-11-01", "2025-12-01"),             # not this one
     ("what did June say on June 3", "2026-06-03", "2026-06-04"),
+    ("last Monday", "2026-11-16", "2026-11-17"),                # the last one before today
+    ("what did we do on Friday?", "2026-11-13", "2026-11-14"),
+    ("this morning", "2026-11-20", "2026-11-21"),
+    ("last night", "2026-11-19", "2026-11-21"),
+    ("a couple of days ago", "2026-11-17", "2026-11-20"),
+    ("a few weeks ago", "2026-10-27", "2026-11-03"),
+    ("seven days ago", "2026-11-12", "2026-11-15"),
+    ("since 2024", "2024-01-01", "2026-11-21"),
+    ("since March", "2026-03-01", "2026-11-21"),
 ])
 def test_date_expressions_become_windows(question, start, end):
     now = datetime(2026, 11, 20, 15, 0).timestamp()          # a Friday

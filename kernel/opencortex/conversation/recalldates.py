@@ -1,8 +1,9 @@
 """Date expressions in a recall question: a time window to search in, or "the newest".
 
 `date_hint(question, now)` finds one expression naming a period ("yesterday",
-"last week", "this month", "in March", "March 2026", "2026-03-14", "3 days
-ago", "recently", "in 2025") and gives back its window (start, end epoch
+"last night", "last week", "this month", "in March", "March 2026", "the 3rd of
+March", "2026-03-14", "a few days ago", "on Monday", "since 2024",
+"recently", "in 2025") and gives back its window (start, end epoch
 seconds, local time) with the question stripped of it, so that words like
 "week" or "March" do not have to match the text of a message.  Words asking
 for the present state ("now", "currently", "these days", "still") set
@@ -19,6 +20,7 @@ from datetime import date, datetime, timedelta
 MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august",
           "september", "october", "november", "december"]
 _MONTH = r"(?P<month>" + "|".join(m[:3] + r"(?:" + m[3:] + ")?" for m in MONTHS) + r"|sept)\.?"
+WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
 _UNITS = {"day": 1, "week": 7, "month": 30, "year": 365}
 # Words before a month that make it a date: without them (or a day or a year), a month
 # word is more often a name ("What did Jan say", "Where does June live") or a verb.
@@ -27,21 +29,26 @@ _BEFORE_MONTH = ("in", "during", "on", "since", "for", "of", "until", "till", "b
 _BEFORE_MAY = ("in", "during", "since", "early", "late", "mid", "last")   # "this may be"
 _PATTERNS = [
     ("iso", re.compile(r"\b(?P<y>\d{4})-(?P<m>\d{1,2})-(?P<d>\d{1,2})\b")),
-    ("ago", re.compile(r"\b(?P<n>\d+|a|an|one|two|three|four|five|six)\s+"
+    ("ago", re.compile(r"\b(?P<n>\d+|a\s+couple\s+of|(?:a\s+)?few|several|a|an|one|two|"
+                       r"three|four|five|six|seven|eight|nine|ten|eleven|twelve)\s+"
                        r"(?P<unit>day|week|month|year)s?\s+ago\b", re.I)),
     ("relative", re.compile(r"\b(?P<which>last|this|past)\s+(?P<unit>week|month|year)\b", re.I)),
     ("day", re.compile(r"\b(?P<word>(?:the\s+)?day\s+before\s+yesterday|yesterday|today|"
-                       r"tonight)\b", re.I)),
+                       r"tonight|this\s+(?:morning|afternoon|evening)|last\s+night)\b", re.I)),
+    ("weekday", re.compile(r"\b(?:(?:last|on|this|past)\s+)?(?P<weekday>" + "|".join(WEEKDAYS)
+                           + r")\b", re.I)),
     ("recently", re.compile(r"\b(?:recently|lately)\b", re.I)),
     ("month", re.compile(r"\b(?:(?P<pre>" + "|".join(_BEFORE_MONTH) + r")\s+)?"
                          r"(?:(?:the\s+)?(?P<d0>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?)?"
                          + _MONTH + r"(?:\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?)?"
                          r"(?:,?\s+(?:of\s+)?(?P<y>\d{4}))?\b", re.I)),
-    ("year", re.compile(r"\b(?:in|during)\s+(?P<y>(?:19|20)\d\d)\b", re.I)),
+    ("year", re.compile(r"\b(?P<pre>in|during|since)\s+(?P<y>(?:19|20)\d\d)\b", re.I)),
 ]
 _RECENT = re.compile(r"\b(?:now|currently|current|these days|nowadays|still|anymore|"
                      r"at the moment|latest|most recent)\b", re.I)
-_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
+            "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
+            "a couple of": 2, "few": 3, "a few": 3, "several": 3}
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,7 @@ def _window(kind: str, found: re.Match, today: date) -> tuple[date, date]:
         day = date(int(found["y"]), int(found["m"]), int(found["d"]))
         return day, day + timedelta(days=1)
     if kind == "ago":
-        count = _NUMBERS.get(found["n"].lower()) or int(found["n"])
+        count = _NUMBERS.get(" ".join(found["n"].lower().split())) or int(found["n"])
         unit = _UNITS[found["unit"].lower()]
         middle = today - timedelta(days=count * unit)
         half = max(1, unit // 2)
@@ -81,21 +88,31 @@ def _window(kind: str, found: re.Match, today: date) -> tuple[date, date]:
     if kind == "relative":
         return _relative(found["which"].lower(), found["unit"].lower(), today)
     if kind == "day":
-        word = found["word"].lower()
+        word = " ".join(found["word"].lower().split())
+        if word == "last night":                       # the evening before, and after 0:00
+            return today - timedelta(days=1), today + timedelta(days=1)
         day = today - timedelta(days=2 if word.endswith("before yesterday") else
                                 word == "yesterday")
+        return day, day + timedelta(days=1)
+    if kind == "weekday":                              # the last one before today
+        back = (today.weekday() - WEEKDAYS.index(found["weekday"].lower())) % 7 or 7
+        day = today - timedelta(days=back)
         return day, day + timedelta(days=1)
     if kind == "recently":
         return today - timedelta(days=30), today + timedelta(days=1)
     if kind == "year":
-        return date(int(found["y"]), 1, 1), date(int(found["y"]) + 1, 1, 1)
+        first = date(int(found["y"]), 1, 1)
+        return first, (today + timedelta(days=1) if _pre(found) == "since" else
+                       date(first.year + 1, 1, 1))
     month = next(n for n, m in enumerate(MONTHS, 1) if m.startswith(found["month"][:3].lower()))
     year = int(found["y"]) if found["y"] else \
         today.year - (month > today.month or (month == today.month and _pre(found) == "last"))
     if found["d"] or found["d0"]:
         day = date(year, month, int(found["d"] or found["d0"]))
-        return day, day + timedelta(days=1)
-    return _month_window(year, month)
+        first, end = day, day + timedelta(days=1)
+    else:
+        first, end = _month_window(year, month)
+    return (first, today + timedelta(days=1)) if _pre(found) == "since" else (first, end)
 
 
 def _relative(which: str, unit: str, today: date) -> tuple[date, date]:
@@ -115,7 +132,8 @@ def _relative(which: str, unit: str, today: date) -> tuple[date, date]:
 
 
 def _pre(found: re.Match) -> str:
-    return (found["pre"] or "").lower()
+    """The word before the expression FOUND ("in", "since", ...; "" when none)."""
+    return (found.groupdict().get("pre") or "").lower()
 
 
 def _is_date(kind: str, found: re.Match) -> bool:
