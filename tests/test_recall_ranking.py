@@ -369,6 +369,9 @@ def test_chinese_and_japanese_are_found_by_the_words_in_them(archive):
     text = recall.explain(EMACS, "东京的拉面怎么样？")
     assert "matched: 东京, 拉面" in text
     assert query_words("东京的邮编？ ok") == ["东京", "京的", "的邮", "邮编", "ok"]
+    [wide] = archive.append([say("ＡＢＣ Corp is hiring ｶﾀｶﾅ", CLI)])     # full width
+    assert [h.id for h in archive.search("ABC", thread=CLI)] == [wide.id]
+    assert [h.id for h in archive.search("カタカナ", thread=CLI)] == [wide.id]
 
 
 def test_the_neighbours_of_several_messages_come_from_one_read(archive):
