@@ -189,7 +189,8 @@ def test_telegram_export_with_entities_senders_and_an_assistant(archive, tmp_pat
         ("user", "2", "[photo]"),
         ("user", "2", "[sticker 🦓] caption")]
     assert records[0].timestamp == 1_700_000_120.0
-    assert records[0].extra == {"IMPORTED": "telegram", "SOURCE_ID": "2", "SENDER_NAME": "Bob"}
+    assert records[0].extra == {"IMPORTED": "telegram", "SOURCE_ID": "2", "SENDER_NAME": "Bob",
+                                "PLATFORM_ID": "2"}    # a supergroup: the bot's ids too
     assert records[3].extra["REPLY_TO"] == "3"
     assert archive.search("zebra", thread=thread)
     assert archive.speakers("what did bob and the helper say", threads=[thread]) == [

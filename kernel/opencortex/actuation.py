@@ -26,7 +26,7 @@ from opencortex.conversation.conversations import Conversations
 from opencortex.events import Event
 from opencortex.llm.routing import archetype_for
 from opencortex.memory import NewMessage
-from opencortex.memory.rows import SENDER_NAME
+from opencortex.memory.rows import PLATFORM_ID, SENDER_NAME  # noqa: F401 (PLATFORM_ID: bridges)
 from opencortex.pinning import CROSS_POST, destination, is_own
 from opencortex.printer import print_plist
 from opencortex.telemetry import Telemetry
@@ -36,7 +36,6 @@ from opencortex.verification import Verdict
 
 log = logging.getLogger(__name__)
 
-PLATFORM_ID = "PLATFORM_ID"   # archive property: the platform's id of the person's message
 STEP = "STEP"                 # archive property: the number of a tool-loop step in its turn
 STEP_OUTCOME = "STEP_OUTCOME"  # archive property: done, failed, denied, not approved
 

@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         "object per line (timestamp: ISO 8601, local time when it names no zone, or epoch "
         "seconds).  A Telegram Desktop chat export (result.json): every message is a user "
         "message under its sender's id, yours and other people's alike, except those of an "
-        "--assistant.  A line that cannot be read is reported by number and skipped (exit 1).")
+        "--assistant.  A line that cannot be read is reported by number and skipped (exit 1).  "
+        "FILE may be a pipe (/dev/stdin).")
     imports.add_argument("file", type=Path, help="the .jsonl file or the export's result.json")
     imports.add_argument("--format", choices=["auto", "jsonl", "telegram"], default="auto",
                          help="the file's format (default: told from its start)")
@@ -128,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     imports.add_argument("--assistant", action="append", default=[], metavar="NAME_OR_ID",
                          help="Telegram: this sender (name, from_id or number) speaks as the "
                               "assistant; repeat for several")
+    imports.add_argument("--many-owners", action="store_true",
+                         help="JSON Lines: import even when the index would then hold more "
+                              "than 1,000 owners (each Telegram, Signal or Matrix chat is "
+                              "one, unless [conversation] owners names it): every start "
+                              "slows down past about a thousand owners")
     imports.add_argument("--json", action="store_true")
 
     serve = sub.add_parser("serve", parents=[common],

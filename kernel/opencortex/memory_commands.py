@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from opencortex.clireport import EXIT_FAILED, EXIT_OK, print_json
@@ -84,7 +85,8 @@ def _import(config: Config, args: argparse.Namespace) -> int:
     require_writable_home(config, "importing")
     with sole_writer(config), Archive(config.memory_dir) as archive:
         report = import_history(archive, args.file, fmt=args.format, thread=thread,
-                                assistants=args.assistant)
+                                assistants=args.assistant, many_owners=args.many_owners,
+                                partition=_owner_function(config))
     complete = not report.problems and report.stopped is None
     if args.json:
         print_json({"status": "ok" if complete else "incomplete", "file": str(args.file),
@@ -92,6 +94,14 @@ def _import(config: Config, args: argparse.Namespace) -> int:
     else:
         _print_import(report, args.file)
     return EXIT_OK if complete else EXIT_FAILED
+
+
+def _owner_function(config: Config) -> Callable[[Thread], str]:
+    """Each thread's owner as the kernel's recall names it (`owner_of`), so an import
+    files messages under the owners a start will use."""
+    from opencortex.conversation.recall import owner_of
+    owners = dict(config.conversation.owners)
+    return lambda thread: owner_of(thread, owners)
 
 
 def _print_import(report: ImportReport, path: Path) -> None:

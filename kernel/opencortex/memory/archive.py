@@ -259,6 +259,17 @@ class Archive(ArchiveQueries, IndexUpkeep):
         with self._lock:
             return {id_ for id_ in ids if self._index.thread_of(id_) is not None}
 
+    def platform_ids(self, thread: Thread) -> set[str]:
+        """The platform's message ids (PLATFORM_ID) of THREAD's archived messages."""
+        with self._lock:
+            return {str(value) for value in self._index.platform_ids(Thread(*thread))}
+
+    def owner_names(self) -> set[str]:
+        """The owners whose messages the index keeps in tables of their own (see
+        `partitions`: each costs every open of the index a little time)."""
+        with self._lock:
+            return self._index.partition_names()
+
     def _check_parent(self, thread: Thread, parent: str) -> None:
         """Refuse an explicit PARENT that is not a message of THREAD (looked up in the index)."""
         found = self._index.thread_of(parent)

@@ -1,6 +1,6 @@
 """Earlier history into the archive: what `opencortex memory import FILE` does.
 
-Two formats, told apart by the start of the file (or named, see `import_file`):
+Two formats, told apart by the start of the file (see `import_source`) or named:
 
 - JSON Lines: one object per line with `thread` (as `Thread.parse` reads it:
   `telegram:42`, or a bare chat id on cli; a line without one goes to the
@@ -13,7 +13,14 @@ Every message keeps its original time and is stored like any other, through
 `Archive.append` (whole writes per thread, indexed for search).  Its id is
 derived from a stable key (JSON Lines: thread, time, sender and text; Telegram:
 thread and message id), so a message already in the archive is found by an
-index lookup of its id and left out: importing a file again adds nothing.
+index lookup of its id and left out: importing a file again adds nothing.  A
+Telegram message the bridge archived (its PLATFORM_ID, the Telegram message id,
+in the same thread) is found too, where the export's ids are the bot's (see
+`telegram_export`).
+
+The file is opened and read once (`ImportSource`), so a pipe works too.  A JSON
+Lines import that would leave the index with too many owners is refused before
+anything is written (see `owner_limit`), unless asked for.
 
 Memory stays bounded: the file is read a line (or a Telegram message) at a
 time; messages wait per thread and are written BATCH at a time (one locked,
@@ -42,7 +49,11 @@ from pydantic import ValidationError
 
 from opencortex.events import Thread
 from opencortex.memory.archive import Archive
+from opencortex.memory.import_source import (ImportFailed, ImportSource,  # noqa: F401
+                                             detect_format)
+from opencortex.memory.partitions import Partition
 from opencortex.memory.records import ROLES, NewMessage, check_thread
+from opencortex.memory.rows import PLATFORM_ID
 
 FORMATS = ("jsonl", "telegram")
 NAMESPACE = uuid.UUID("0c7f6a1e-3d2b-5e8f-9a41-6b2d8c0e4f17")   # of the ids imports derive
@@ -52,13 +63,7 @@ MAX_PENDING_CHARS = 32 << 20  # characters of text waiting to be written
 MAX_LINE_BYTES = 4 << 20     # a longer JSON line is reported and skipped
 MAX_NAME = 512               # characters of a sender or chat id
 MAX_SHOWN = 20               # problems kept to show; the rest are counted
-DETECT_BYTES = 1 << 16       # bytes read to tell the format
 _NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
-_TELEGRAM_START = re.compile(rb'\{\s*"(name|type|about|personal_information|chats)"\s*:')
-
-
-class ImportFailed(ValueError):
-    """The file cannot be imported (at all, or from some point on); says why and what to do."""
 
 
 class BadMessage(ValueError):
@@ -222,29 +227,6 @@ def _jsonl_item(data: Any, where: str, default_thread: Thread | None) -> Item | 
                      extra={"IMPORTED": "jsonl"})
 
 
-# -- telling the format --------------------------------------------------------
-
-def detect_format(path: Path) -> str:
-    """"jsonl" or "telegram", from the start of the file at PATH (ImportFailed if neither)."""
-    with path.open("rb") as stream:
-        head = stream.read(DETECT_BYTES).removeprefix(b"\xef\xbb\xbf").lstrip()
-    if not head:
-        raise ImportFailed(f"{path} is empty: there is nothing to import")
-    first = head.split(b"\n", 1)[0].strip()
-    if first == b"{" or _TELEGRAM_START.match(head):
-        return "telegram"
-    try:
-        data = json.loads(first)
-    except (ValueError, RecursionError):
-        data = None
-    if isinstance(data, dict):
-        return "telegram" if "messages" in data else "jsonl"
-    if first.startswith(b"{") and b"\n" not in head:     # a first line longer than the head
-        return "jsonl"
-    raise ImportFailed(f"{path} is neither JSON Lines (one message object per line) nor a "
-                       "Telegram Desktop chat export (result.json); pass --format to say which")
-
-
 # -- writing -------------------------------------------------------------------
 
 class _Writer:
@@ -256,10 +238,12 @@ class _Writer:
         self.waiting: set[str] = set()               # ids of the pending messages
         self.chars = 0
         self.last: dict[Thread, float] = {}          # each thread's last time before the import
+        self.platform_ids: dict[Thread, set[str]] = {}   # each thread's PLATFORM_IDs
 
     def add(self, item: Item) -> None:
         """Queue ITEM unless it is already in the archive or queued; write when full."""
-        if item.id in self.waiting or self.archive.known_ids((item.id,)):
+        if item.id in self.waiting or self.archive.known_ids((item.id,)) or \
+                self.bridged(item):
             self.report.duplicates += 1
             return
         thread = item.message.thread
@@ -274,6 +258,17 @@ class _Writer:
             self.flush(thread)
         elif len(self.waiting) >= MAX_PENDING or self.chars >= MAX_PENDING_CHARS:
             self.flush_all()
+
+    def bridged(self, item: Item) -> bool:
+        """Whether ITEM's platform id (PLATFORM_ID) is that of a message of its thread
+        already archived (by a bridge, as it came in)."""
+        platform_id = item.message.extra.get(PLATFORM_ID)
+        if platform_id is None:
+            return False
+        thread = item.message.thread
+        if thread not in self.platform_ids:
+            self.platform_ids[thread] = self.archive.platform_ids(thread)
+        return platform_id in self.platform_ids[thread]
 
     def flush(self, thread: Thread) -> None:
         """Write THREAD's waiting messages: one whole write, one index transaction."""
@@ -296,40 +291,60 @@ class _Writer:
 
 
 def import_file(archive: Archive, path: Path, *, fmt: str = "auto",
-                thread: Thread | None = None, assistants: Iterable[str] = ()) -> ImportReport:
+                thread: Thread | None = None, assistants: Iterable[str] = (),
+                partition: Partition | None = None, many_owners: bool = False,
+                spool_dir: Path | None = None) -> ImportReport:
     """Import the messages of the file at PATH into ARCHIVE; returns what was done.
 
     FMT: "auto" (told from the file), "jsonl" or "telegram".  THREAD: where a
     Telegram export goes (default: from its chat id), and the thread of JSON
     lines that name none.  ASSISTANTS: Telegram senders (names or ids) whose
-    messages are the assistant's.  Run it as the archive's only writer (the CLI
-    holds the home's lock): duplicates are found through the index.
+    messages are the assistant's.  PARTITION: each thread's owner (default: the
+    archive's), set on ARCHIVE before the first write.  Unless MANY_OWNERS, a
+    JSON Lines file whose threads would leave the index with more than MAX_OWNERS
+    owners is refused, nothing written (ImportFailed; see `owner_limit`); it is
+    read twice for that, a pipe from a copy spooled into SPOOL_DIR (default: the
+    archive's directory).  Run it as the archive's only writer (the CLI holds the
+    home's lock): duplicates are found through the index.
     """
-    path = Path(path)
-    chosen = detect_format(path) if fmt == "auto" else fmt
-    if chosen not in FORMATS:
+    if fmt not in ("auto", *FORMATS):
         raise ImportFailed(f"unknown format {fmt!r}; use one of auto, {', '.join(FORMATS)}")
     assistants = list(assistants)
-    if assistants and chosen != "telegram":
-        raise ImportFailed("--assistant applies to Telegram exports; each JSON line names "
-                           "its own role")
+    with ImportSource(path) as source:
+        chosen = source.format() if fmt == "auto" else fmt
+        if assistants and chosen != "telegram":
+            raise ImportFailed("--assistant applies to Telegram exports; each JSON line "
+                               "names its own role")
+        if chosen == "jsonl" and not many_owners:
+            from opencortex.memory.owner_limit import check_owners
+            source.rewind(spool_dir or archive.root)
+            check_owners(source.stream(), thread, partition or archive.partition,
+                         archive.owner_names())
+            source.rewind(spool_dir or archive.root)
+        if partition is not None:
+            archive.set_partition(partition)
+        return _import_stream(archive, source.stream(), chosen, thread, assistants)
+
+
+def _import_stream(archive: Archive, stream: BinaryIO, chosen: str, thread: Thread | None,
+                   assistants: list[str]) -> ImportReport:
+    """Import the messages of STREAM, a file of the format CHOSEN (see `import_file`)."""
     report = ImportReport(chosen)
     writer = _Writer(archive, report)
-    with path.open("rb") as stream:
-        if chosen == "jsonl":
-            items = jsonl_items(stream, thread)
-        else:
-            from opencortex.memory.telegram_export import telegram_items
-            items = telegram_items(stream, thread, assistants)
-        try:
-            for read in items:
-                if read is None:
-                    report.ignored += 1
-                elif isinstance(read, Problem):
-                    report.problem(read)
-                else:
-                    writer.add(read)
-        except ImportFailed as error:
-            report.stopped = str(error)
-        writer.flush_all()
+    if chosen == "jsonl":
+        items = jsonl_items(stream, thread)
+    else:
+        from opencortex.memory.telegram_export import telegram_items
+        items = telegram_items(stream, thread, assistants)
+    try:
+        for read in items:
+            if read is None:
+                report.ignored += 1
+            elif isinstance(read, Problem):
+                report.problem(read)
+            else:
+                writer.add(read)
+    except ImportFailed as error:
+        report.stopped = str(error)
+    writer.flush_all()
     return report

@@ -325,6 +325,17 @@ class MessageIndex(RankedSearch):
                                (message_id,)).fetchone()
         return None if row is None else Thread(*row)
 
+    def platform_ids(self, thread: Thread) -> set[str]:
+        """The PLATFORM_ID properties (a platform's message ids) of THREAD's messages."""
+        return {value for (value,) in self._db.execute(
+            "SELECT json_extract(extra, '$.PLATFORM_ID') FROM messages WHERE channel = ? "
+            "AND chat_id = ? AND json_extract(extra, '$.PLATFORM_ID') IS NOT NULL",
+            tuple(thread))}
+
+    def partition_names(self) -> set[str]:
+        """The owners (partitions) that have FTS tables of their own."""
+        return {name for (name,) in self._db.execute("SELECT name FROM parts")}
+
     def history(self, thread: Thread, limit: int) -> list[MessageRecord]:
         """The last LIMIT messages of THREAD, oldest first."""
         rows = self._db.execute(

@@ -5,8 +5,10 @@ Telegram Desktop ("Export chat history", format JSON) writes one object:
 ("message" or "service"), `date` (local time), `date_unixtime`, `from`,
 `from_id` ("user123"), `text` (a string, or a list of strings and
 {type, text} entity objects) and `text_entities`.  The file is read a chunk
-at a time and each message decoded on its own (at most MAX_VALUE_CHARS), so
-an export of any size needs little memory.
+at a time (a byte order mark is passed over) and each message decoded on its
+own (at most MAX_VALUE_CHARS), so an export of any size needs little memory.
+A byte that is not UTF-8 stops the import there, once every message before it
+is imported, and is reported by its byte offset.
 
 - Thread: the THREAD given, else telegram:<chat id> spelt as the Bot API (and
   so the Telegram bridge) spells it: groups -ID, supergroups and channels -100ID.
@@ -16,9 +18,16 @@ an export of any size needs little memory.
 - Role: "assistant" for a sender named in ASSISTANTS (by name, from_id or
   number); "user" for everyone else, the person and other people alike.
 - Service messages (joins, pins, calls) and messages with nothing to keep are
-  left out and counted; media becomes a note such as "[photo]" before any caption.
+  left out and counted; media, polls, contacts, places become a note such as
+  "[photo]" before any caption (see `telegram_content`).
 - The stable key is the thread and the Telegram message id (kept as SOURCE_ID),
   so importing a later export of the same chat adds only what is new.
+- In a supergroup or channel, message ids are the chat's own, the same for the
+  bot as for whoever exported the chat: there the id is kept as PLATFORM_ID
+  too, as the Telegram bridge keeps the id of a message it archives, and a
+  message the bridge archived already is not imported again.  In a private chat
+  or a basic group each account numbers messages its own way: the export's ids
+  are not the bot's, and neither is compared nor kept as PLATFORM_ID.
 """
 
 from __future__ import annotations
@@ -30,9 +39,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from opencortex.events import Thread, display_name
+from opencortex.memory.import_source import ACCOUNT_KEYS
 from opencortex.memory.importer import (MAX_NAME, BadMessage, ImportFailed, Problem, Read,
                                         check_name, make_item, parse_time)
-from opencortex.memory.rows import SENDER_NAME
+from opencortex.memory.rows import PLATFORM_ID, SENDER_NAME
+from opencortex.memory.telegram_content import message_text
 
 CHUNK = 1 << 20              # bytes read at a time
 MAX_VALUE_CHARS = 4 << 20    # a larger message (or header value) stops the import
@@ -42,9 +53,8 @@ _DECODER = json.JSONDecoder()
 # The Bot API's chat id is the export's id with this prefix, by chat type.
 _PREFIX = {"private_group": "-", "private_supergroup": "-100", "public_supergroup": "-100",
            "private_channel": "-100", "public_channel": "-100"}
-# Top-level keys of a whole-account export (not one chat).
-_ACCOUNT_KEYS = frozenset({"about", "personal_information", "chats", "contacts",
-                           "frequent_contacts", "left_chats", "profile_pictures"})
+# Chat types whose message ids are the chat's own (the bot's too): not per account.
+SHARED_IDS = frozenset(kind for kind, prefix in _PREFIX.items() if prefix == "-100")
 WHOLE_ACCOUNT = ("this is a whole-account Telegram export; export one chat instead "
                  "(in the chat: ⋮ → Export chat history, format JSON)")
 
@@ -54,22 +64,37 @@ class JsonStream:
 
     def __init__(self, stream: BinaryIO):
         self._file = stream
-        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self._utf8 = codecs.getincrementaldecoder("utf-8-sig")()
         self._buf, self._pos, self._dropped, self._eof = "", 0, 0, False
+        self._read = 0                            # bytes read from the file
+        self._bad: ImportFailed | None = None     # raised once the text before it is read
 
     def _more(self) -> bool:
-        """Read another chunk into the buffer; False at the end of the file."""
+        """Read another chunk into the buffer; False at the end of the file.  Past a
+        byte that is not UTF-8, the text before it is read, then ImportFailed."""
+        if self._bad is not None:
+            raise self._bad
         if self._eof:
             return False
         chunk = self._file.read(CHUNK)
         self._eof = not chunk
+        self._read += len(chunk)
         try:
             text = self._utf8.decode(chunk, final=self._eof)
-        except UnicodeDecodeError:
-            raise self.error("is not UTF-8") from None
+        except UnicodeDecodeError as error:
+            text = self._before_bad_byte(error)
         self._dropped += self._pos
         self._buf, self._pos = self._buf[self._pos:] + text, 0
-        return bool(chunk)
+        return bool(chunk) or self._bad is not None
+
+    def _before_bad_byte(self, error: UnicodeDecodeError) -> str:
+        """The text before the byte ERROR is about; the error to raise once it is read."""
+        undecoded = error.object             # ends with the last byte read
+        offset = self._read - len(undecoded) + error.start
+        self._bad = ImportFailed(f"the Telegram export is not UTF-8 at byte {offset}; the "
+                                 "messages before it were imported")
+        self._eof = True
+        return bytes(undecoded[:error.start]).decode("utf-8")
 
     def error(self, what: str) -> ImportFailed:
         """ImportFailed saying WHAT is wrong, and where."""
@@ -141,9 +166,11 @@ def telegram_items(stream: BinaryIO, thread: Thread | None,
             raise reader.error("is not valid JSON (expected a key)")
         reader.take(":")
         if key == "messages":
-            yield from _messages(reader, thread or chat_thread(header), set(assistants))
+            shared_ids = header.get("type") in SHARED_IDS
+            yield from _messages(reader, thread or chat_thread(header), set(assistants),
+                                 shared_ids)
             return                                  # nothing after the messages matters
-        if key in _ACCOUNT_KEYS:
+        if key in ACCOUNT_KEYS:
             raise ImportFailed(WHOLE_ACCOUNT)
         header[key] = reader.value()
         if reader.take(",}") == "}":
@@ -152,21 +179,25 @@ def telegram_items(stream: BinaryIO, thread: Thread | None,
                        "export (result.json, format JSON)?")
 
 
-def _messages(reader: JsonStream, thread: Thread, assistants: set[str]) -> Iterator[Read]:
-    """The items of the `messages` list, decoded one at a time."""
+def _messages(reader: JsonStream, thread: Thread, assistants: set[str],
+              shared_ids: bool) -> Iterator[Read]:
+    """The items of the `messages` list, decoded one at a time (SHARED_IDS: see
+    `message_item`)."""
     reader.take("[")
     if reader.peek() == "]":
         return
     position = 0
     while True:
         position += 1
-        yield message_item(reader.value(), position, thread, assistants)
+        yield message_item(reader.value(), position, thread, assistants, shared_ids)
         if reader.take(",]") == "]":
             return
 
 
-def message_item(data: Any, position: int, thread: Thread, assistants: set[str]) -> Read:
-    """One exported message as a message to import, a Problem, or None (nothing to keep)."""
+def message_item(data: Any, position: int, thread: Thread, assistants: set[str],
+                 shared_ids: bool = False) -> Read:
+    """One exported message as a message to import, a Problem, or None (nothing to keep).
+    SHARED_IDS: the chat's message ids are the bot's too (kept as PLATFORM_ID)."""
     if not isinstance(data, dict):
         return Problem(f"message {position}", "not a JSON object")
     number = data.get("id")
@@ -193,6 +224,8 @@ def message_item(data: Any, position: int, thread: Thread, assistants: set[str])
     sender = from_id.removeprefix("user") if from_id else name
     role = "assistant" if assistants & {name, from_id, sender} else "user"
     extra = {"IMPORTED": "telegram", "SOURCE_ID": str(number)}
+    if shared_ids:
+        extra[PLATFORM_ID] = str(number)
     if name:
         extra[SENDER_NAME] = name
     for key, prop in (("reply_to_message_id", "REPLY_TO"), ("forwarded_from", "FORWARDED_FROM")):
@@ -201,42 +234,3 @@ def message_item(data: Any, position: int, thread: Thread, assistants: set[str])
             extra[prop] = str(value)[:MAX_NAME]
     return make_item(("telegram", str(thread), str(number)), where, role=role, text=text,
                      thread=thread, sender=sender, timestamp=when, extra=extra)
-
-
-def message_text(data: dict[str, Any]) -> str:
-    """The text of an exported message: its pieces joined, after a note of any media."""
-    value = data.get("text", data.get("text_entities", ""))
-    if isinstance(value, str):
-        body = value
-    elif isinstance(value, list):
-        body = "".join(_piece(piece) for piece in value)
-    else:
-        raise BadMessage("text must be text or a list of text pieces")
-    note = _media_note(data)
-    return f"{note} {body}" if note and body else note or body
-
-
-def _piece(piece: Any) -> str:
-    """One piece of a text list: a string, or an entity object's text (with its link)."""
-    if isinstance(piece, str):
-        return piece
-    if not isinstance(piece, dict) or not isinstance(piece.get("text"), str):
-        raise BadMessage("a text piece is neither text nor a {type, text} object")
-    href = piece.get("href")
-    if piece.get("type") == "text_link" and isinstance(href, str) and href != piece["text"]:
-        return f"{piece['text']} ({href})"
-    return piece["text"]
-
-
-def _media_note(data: dict[str, Any]) -> str:
-    """"[photo]", "[sticker 👍]", "[voice message]", … for a message with media, else ""."""
-    kind = data.get("media_type")
-    if isinstance(kind, str) and kind:
-        emoji = data.get("sticker_emoji")
-        shown = kind.replace("_", " ")[:40]
-        return f"[{shown} {emoji[:8]}]" if isinstance(emoji, str) and emoji else f"[{shown}]"
-    if "photo" in data:
-        return "[photo]"
-    if "file" in data:
-        return "[file]"
-    return ""

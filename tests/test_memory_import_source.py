@@ -1,0 +1,172 @@
+"""`opencortex memory import`: the file read once (pipes), its format told, owners counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env
+from opencortex.events import Thread
+from opencortex.memory import Archive, NewMessage
+from opencortex.memory.importer import ImportFailed, detect_format, import_file
+
+EPOCH = 1_600_000_000
+
+
+def line(thread: str = "telegram:50", text: str = "x", n: int = 0, **first: object) -> str:
+    """One JSON line; the keys FIRST come before the usual ones."""
+    return json.dumps({**first, "thread": thread, "role": "user", "sender": "a",
+                       "timestamp": EPOCH + n, "text": text})
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(f"{text}\n" for text in lines), encoding="utf-8")
+    return path
+
+
+def oc(home: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opencortex", *args], input=stdin,
+                          capture_output=True, timeout=120, env=cli_env(home))
+
+
+@pytest.fixture
+def archive(tmp_path):
+    with Archive(tmp_path / "memory") as opened:
+        yield opened
+
+
+class Pipe:
+    """A pipe fed DATA by a thread; PATH (/dev/fd/N) opens its reading end."""
+
+    def __init__(self, data: bytes):
+        self.read_end, write_end = os.pipe()
+        self.path = Path(f"/dev/fd/{self.read_end}")
+        self.writer = threading.Thread(target=self._feed, args=(write_end, data), daemon=True)
+        self.writer.start()
+
+    @staticmethod
+    def _feed(fd: int, data: bytes) -> None:
+        try:
+            with open(fd, "wb") as stream:
+                stream.write(data)
+        except BrokenPipeError:       # the reader stopped early (the import was refused)
+            pass
+
+    def close(self) -> None:
+        os.close(self.read_end)
+        self.writer.join(timeout=30)
+
+
+# -- a pipe is read once ----------------------------------------------------------
+
+@pytest.mark.parametrize("options", [(), ("--many-owners",)])
+def test_a_pipe_with_automatic_format_loses_nothing(home, tmp_path, options):
+    """`cat s.jsonl | opencortex memory import /dev/stdin` lost the first 64 KB: the
+    format was told from one open of the file, the messages read from another."""
+    data = "".join(f"{line(text=f'message number {n}', n=n)}\n" for n in range(2000))
+    run = oc(home, "memory", "import", "/dev/stdin", "--json", *options,
+             stdin=data.encode())
+    report = json.loads(run.stdout)
+    assert run.returncode == 0, run.stderr
+    assert (report["format"], report["added"], report["skipped"]) == ("jsonl", 2000, 0)
+    assert not [p for p in (home / "memory").iterdir() if p.name.startswith(".import-")]
+
+
+def test_a_telegram_export_from_a_pipe(archive):
+    export = {"name": "G", "type": "personal_chat", "id": 9, "messages": [
+        {"id": n, "type": "message", "date_unixtime": str(EPOCH + n), "from": "Bob",
+         "from_id": "user2", "text": f"hi {n} " + "x" * 100} for n in range(1, 1001)]}
+    pipe = Pipe(json.dumps(export, indent=1).encode())
+    try:
+        report = import_file(archive, pipe.path)
+    finally:
+        pipe.close()
+    assert (report.format, report.added, report.stopped) == ("telegram", 1000, None)
+
+
+# -- telling the format ---------------------------------------------------------------
+
+@pytest.mark.parametrize("first", [{"type": "chat"}, {"name": "Ann"}, {"about": "me"},
+                                   {"messages": []}, {"chats": 1}])
+def test_json_lines_with_other_keys_are_json_lines(tmp_path, archive, first):
+    """Valid JSON lines whose first key was "type", "name" or "about", or with a
+    "messages" key, were taken for a Telegram export (and nothing was imported)."""
+    source = write(tmp_path / "h.jsonl", [line(n=n, **first) for n in range(3)])
+    assert detect_format(source) == "jsonl"
+    report = import_file(archive, source)
+    assert (report.format, report.added, report.stopped) == ("jsonl", 3, None)
+    alone = write(tmp_path / "one.jsonl", [line(**first)])        # one line alone
+    assert detect_format(alone) == "jsonl"
+
+
+def test_an_export_on_one_line_or_many_is_telegram_and_neither_says_pass_format(tmp_path):
+    export = {"name": "G", "type": "personal_chat", "id": 9, "messages": []}
+    one = write(tmp_path / "one.json", [json.dumps(export)])
+    many = write(tmp_path / "many.json", [json.dumps(export, indent=1)])
+    account = write(tmp_path / "account.json", [json.dumps({"about": "x", "chats": {}})])
+    assert [detect_format(p) for p in (one, many, account)] == ["telegram"] * 3
+    broken = write(tmp_path / "broken.jsonl", ["{oops", line(), line(n=1)])
+    assert detect_format(broken) == "jsonl"                   # line 1 is reported, skipped
+    for text in ("plain words\nmore words", "[1, 2]\n[3]", '{"a": 1'):
+        source = write(tmp_path / "odd.txt", [text])
+        with pytest.raises(ImportFailed, match="pass --format jsonl or --format telegram"):
+            detect_format(source)
+
+
+# -- owners ---------------------------------------------------------------------------------
+
+def test_an_import_that_would_make_too_many_owners_is_refused_with_nothing_written(
+        archive, tmp_path, monkeypatch):
+    """Every chat is an owner with FTS tables of its own; thousands of them made every
+    start take tens of seconds.  Past MAX_OWNERS, an import needs many_owners."""
+    from opencortex.memory import owner_limit
+    monkeypatch.setattr(owner_limit, "MAX_OWNERS", 4)
+    archive.append([NewMessage(role="user", text="old", thread=Thread("telegram", "1"))])
+    lines = [line(thread=f"telegram:{n % 5}", n=n) for n in range(50)]    # 4 new owners
+    source = write(tmp_path / "h.jsonl", lines)
+    before = sorted(p.name for p in (tmp_path / "memory" / "telegram").iterdir())
+    with pytest.raises(ImportFailed, match="more than 3 owners.*--many-owners"):
+        import_file(archive, source)
+    assert sorted(p.name for p in (tmp_path / "memory" / "telegram").iterdir()) == before
+    assert archive.owner_names() == {"telegram:1"}
+    one_owner = import_file(archive, source, partition=lambda thread: "alice")
+    assert one_owner.added == 50 and archive.owner_names() >= {"alice"}
+    forced = import_file(archive, write(tmp_path / "more.jsonl", [
+        line(thread=f"telegram:{n}", text="more") for n in range(10, 20)]), many_owners=True)
+    assert forced.added == 10
+
+
+def test_the_owner_count_reads_a_pipe_once_and_stops_past_the_limit(archive, tmp_path,
+                                                                    monkeypatch):
+    from opencortex.memory import owner_limit
+    monkeypatch.setattr(owner_limit, "MAX_OWNERS", 3)
+    refused = Pipe("".join(f"{line(thread=f'telegram:{n % 200}', n=n)}\n"
+                           for n in range(3000)).encode())
+    try:
+        with pytest.raises(ImportFailed, match="more than 3 owners"):
+            import_file(archive, refused.path)
+    finally:
+        refused.close()
+    assert not archive.threads()
+    lines = [line(thread=f"telegram:{n % 3}", n=n) for n in range(3000)]
+    accepted = Pipe("".join(f"{text}\n" for text in lines).encode())
+    try:
+        report = import_file(archive, accepted.path)
+    finally:
+        accepted.close()
+    assert (report.added, report.problems) == (3000, 0)
+    stream = write(tmp_path / "h.jsonl", [line(thread=f"telegram:{n}") for n in range(500)])
+    with stream.open("rb") as opened:
+        found = owner_limit.new_owners(opened, None, str, set(), 10)
+    assert len(found) == 11                               # counting stopped past ROOM
+
+
+def test_the_command_offers_many_owners(home):
+    shown = " ".join(oc(home, "memory", "import", "--help").stdout.decode().split())
+    assert "--many-owners" in shown and "slows down past about a thousand owners" in shown
