@@ -18,7 +18,8 @@ from opencortex.events import Thread
 from opencortex.homelock import HomeLock
 from opencortex.memory import Archive, NewMessage
 from opencortex.memory import importer, telegram_export
-from opencortex.memory.importer import ImportFailed, detect_format, import_file
+from opencortex.memory.import_source import detect_format
+from opencortex.memory.importer import ImportFailed, import_file
 
 T = Thread("telegram", "42")
 NOTES = Thread("cli", "notes")

@@ -14,7 +14,8 @@ import pytest
 from conftest import cli_env
 from opencortex.events import Thread
 from opencortex.memory import Archive, NewMessage
-from opencortex.memory.importer import ImportFailed, detect_format, import_file
+from opencortex.memory.import_source import detect_format
+from opencortex.memory.importer import ImportFailed, import_file
 
 EPOCH = 1_600_000_000
 

@@ -49,8 +49,7 @@ from pydantic import ValidationError
 
 from opencortex.events import Thread
 from opencortex.memory.archive import Archive
-from opencortex.memory.import_source import (ImportFailed, ImportSource,  # noqa: F401
-                                             detect_format)
+from opencortex.memory.import_source import ImportFailed, ImportSource  # noqa: F401
 from opencortex.memory.partitions import Partition
 from opencortex.memory.records import ROLES, NewMessage, check_thread
 from opencortex.memory.rows import PLATFORM_ID
@@ -172,7 +171,7 @@ def _reason(error: dict[str, Any]) -> str:
 
 # -- JSON Lines --------------------------------------------------------------
 
-def _lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
+def json_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
     """(number, line) for each line; None for a line longer than MAX_LINE_BYTES."""
     number = 0
     while line := stream.readline(MAX_LINE_BYTES + 1):
@@ -187,7 +186,7 @@ def _lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
 
 def jsonl_items(stream: BinaryIO, default_thread: Thread | None) -> Iterator[Read]:
     """The messages of a JSON Lines file, a line at a time (blank lines are skipped)."""
-    for number, line in _lines(stream):
+    for number, line in json_lines(stream):
         where = f"line {number}"
         if line is None:
             yield Problem(where, f"longer than {MAX_LINE_BYTES} bytes")

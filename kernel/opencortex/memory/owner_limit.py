@@ -22,7 +22,7 @@ from collections.abc import Collection
 from typing import BinaryIO
 
 from opencortex.events import Thread
-from opencortex.memory.importer import BadMessage, ImportFailed, _lines, parse_thread
+from opencortex.memory.importer import BadMessage, ImportFailed, json_lines, parse_thread
 from opencortex.memory.partitions import Partition
 
 # Owners (each with its own FTS5 tables) an import may leave the index with: past
@@ -36,7 +36,7 @@ def new_owners(stream: BinaryIO, default_thread: Thread | None, partition: Parti
     """The owners (as PARTITION names them) of the threads of STREAM's JSON lines that
     are not among KNOWN, collected until there are more than ROOM of them."""
     found: set[str] = set()
-    for number, line in _lines(stream):
+    for number, line in json_lines(stream):
         thread = _thread_of(line, number, default_thread)
         if thread is None:
             continue
