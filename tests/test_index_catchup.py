@@ -1,6 +1,6 @@
 """An index far behind the org files is caught up in the background by a long-lived
 kernel's archive: it opens at once, turns are written and indexed meanwhile, and the
-index ends up as a rebuild would make it (see `memory.catchup`)."""
+index ends up as a rebuild would make it (see `memory.upkeep`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from opencortex.config import load_config
 from opencortex.events import Thread, chat_message
 from opencortex.runtime import build_kernel
 from opencortex.memory import Archive
-from opencortex.memory import ranking, upkeep
+from opencortex.memory import ranking, threadfile, upkeep
 
 THREADS = [Thread("emacs", f"t{i}") for i in range(6)]
 WAIT = 30.0            # seconds any wait of these tests lasts at most
@@ -106,6 +106,38 @@ def test_little_to_index_is_indexed_before_the_archive_opens(behind, monkeypatch
         assert rows(archive) == whole
 
 
+def test_writes_longer_than_a_chunk_are_a_chunk_each_never_the_rest_of_the_file(
+        tmp_path, monkeypatch):
+    """An import writes 1,000 messages at once (390 KB, over CHUNK_BYTES): such a write is
+    a chunk of its own, read by doubling, while the chunk used to become the whole rest
+    of the file (one hold of the lock: 14 s for 100k messages)."""
+    monkeypatch.setattr(upkeep, "INLINE_BYTES", 0)
+    monkeypatch.setattr(upkeep, "CHUNK_BYTES", 600)
+    root = tmp_path / "memory"
+    with Archive(root) as archive:
+        for write in range(12):
+            archive.append([say(f"imported {write}.{n} walrus", THREADS[0]) for n in range(20)])
+        whole, size = rows(archive), archive.thread_file(THREADS[0]).stat().st_size
+    (root / "index.sqlite").unlink()
+    monkeypatch.setattr(threadfile, "TAIL_CHUNK", 256)      # settling reads the tail back
+    read, parsed = [], []
+    original, parse = threadfile.read_range, upkeep.parse_writes
+    monkeypatch.setattr(threadfile, "read_range", lambda fd, start, end: (
+        read.append(end - start), original(fd, start, end))[1])
+
+    def parse_counted(*args):
+        found = parse(*args)
+        parsed.append(found.length)
+        return found
+    monkeypatch.setattr(upkeep, "parse_writes", parse_counted)
+    with Archive(root, background=True) as archive:
+        assert archive.wait_indexed(WAIT)
+        assert rows(archive) == whole
+    write = size // 12
+    assert len(parsed) >= 12 and max(parsed) < 2 * write       # one write per chunk
+    assert max(read) < 2 * 2 * write < size / 2                # read by doubling, no more
+
+
 @pytest.mark.parametrize("background", [False, True])
 def test_the_thread_written_last_is_indexed_last(tmp_path, monkeypatch, background):
     """Rows are numbered as they come and "the newest matches" of a search of common
@@ -128,9 +160,9 @@ def test_the_thread_written_last_is_indexed_last(tmp_path, monkeypatch, backgrou
             "the new report 3", "the new report 2"]
 
 
-def test_an_indexed_size_off_a_write_boundary_is_read_again_whole_and_ends(behind):
-    """A file whose indexed size does not end a write (edited by hand, say) is indexed
-    again from its start in one go: chunks from there could start over forever."""
+def test_an_indexed_size_off_a_write_boundary_is_read_again_and_ends(behind):
+    """A file whose indexed size does not end a write (edited by hand, say) is read
+    again from its start, a chunk at a time (how far is kept: see `reread`), and ends."""
     root, whole = behind
     with Archive(root) as archive:
         name = archive._name(archive.thread_file(THREADS[1]))

@@ -24,9 +24,10 @@ under `opencortex serve` that thread has the files written by a child process
 (`write_in_a_process`, see `write_process`) and indexes what it answers.
 
 The index remembers how many bytes of each file it has seen; on open it reads
-only what grew since (and rereads a file that shrank), and a file of the size
-it has seen is not even opened (a stat tells).  After editing archive
-files by hand, call `reindex()`.  Searches read through a connection of their
+only what grew since (and reads again a file changed otherwise, see `reread`),
+and a file of the size it has seen is not even opened (a stat tells: an edit
+that keeps the size goes unseen).  After editing archive files by hand, call
+`reindex()`.  Searches read through a connection of their
 own, so they do not wait for the writer's files and fsyncs.
 """
 
@@ -276,7 +277,7 @@ class Archive(ArchiveQueries, IndexUpkeep):
         if found is None:       # another process may have appended it: catch up, then look again
             path = self.thread_file(thread)
             if path.exists():
-                self._catch_up_file(path, self._index.file_sizes().get(self._name(path)))
+                self._catch_up_file(path)
                 found = self._index.thread_of(parent)
         if found != thread:
             where = "is not in the archive" if found is None else "belongs to another thread"
@@ -299,7 +300,7 @@ class Archive(ArchiveQueries, IndexUpkeep):
         path = self.thread_file(thread)
         with self._lock:
             if path.exists():
-                self._catch_up_file(path, self._index.file_sizes().get(self._name(path)))
+                self._catch_up_file(path)
             return self._index.thread_records(thread)
 
     def _reading(self) -> AbstractContextManager[MessageIndex]:

@@ -15,10 +15,12 @@ dropped and rebuilt at any time.  Tables:
   `messages` but never put in an FTS table: search cannot return them;
 - `files`: for each org file, how many of its bytes are known to be indexed;
 - `meta`: the tokenizer the FTS tables were made with ("porter" stems English
-  words, so "donated" finds "donate").
+  words, so "donated" finds "donate"), and how far each re-read of a changed
+  file is (see `reread`).
 
 Ranked search over the FTS tables is `ranking.RankedSearch`, a part of
-`MessageIndex`; rows become records as `rows` says.
+`MessageIndex`, and so is `reread.IndexRereads` (a changed file read again);
+rows become records as `rows` says.
 
 An index of another schema version or tokenizer is rebuilt on open.  The
 SQLite file is opened lazily, by the first read or write (a kernel starts
@@ -40,7 +42,9 @@ from opencortex.memory.partitions import (DEFAULT_TOKENIZER, Partition, Partitio
                                           fts_tables, thread_token, NOT_CONTROL)  # noqa: F401
 from opencortex.memory.ranking import RankedSearch
 from opencortex.memory.records import MessageRecord
-from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_fields, who
+from opencortex.memory.reread import KEY as REREAD_KEY, IndexRereads
+from opencortex.memory.rows import (COLUMNS, columns_of, is_control, record_fields, row_values,
+                                   who)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +69,7 @@ CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 _TABLES = ("messages", "files", "parts", "thread_parts", "senders", "meta")
 
 
-class MessageIndex(RankedSearch):
+class MessageIndex(RankedSearch, IndexRereads):
     """History and search over the archive, stored in one SQLite file (WAL mode)."""
 
     def __init__(self, path: Path, *, tokenizer: str = DEFAULT_TOKENIZER,
@@ -254,10 +258,7 @@ class MessageIndex(RankedSearch):
         for file, offset, rec in entries:
             cursor = self._db.execute(
                 f"INSERT OR IGNORE INTO messages ({COLUMNS}, file, offset) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (rec.id, rec.role, rec.text, rec.channel, rec.chat_id, rec.sender,
-                 rec.timestamp, rec.parent, rec.turn_type,
-                 json.dumps(rec.extra, sort_keys=True), file, offset))
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*row_values(rec), file, offset))
             if cursor.rowcount == 1:
                 if not is_control(rec.extra):
                     table = self._parts.table_of(rec.thread)
@@ -278,9 +279,11 @@ class MessageIndex(RankedSearch):
         self._forgot()
 
     def _drop_file(self, file: str) -> bool:
-        """`forget_file`'s deletions (inside a transaction); whether FILE was known."""
+        """`forget_file`'s deletions (inside a transaction), a re-read of FILE's ended
+        with them; whether FILE was known."""
         self._parts.delete_file(file)
         self._db.execute("DELETE FROM messages WHERE file = ?", (file,))
+        self._db.execute("DELETE FROM meta WHERE key = ?", (REREAD_KEY + file,))
         return self._db.execute("DELETE FROM files WHERE path = ?", (file,)).rowcount > 0
 
     def _forgot(self) -> None:

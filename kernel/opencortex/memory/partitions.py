@@ -275,16 +275,21 @@ class Partitions:
 
     def delete_file(self, file: str) -> None:
         """Remove the messages indexed from FILE from their threads' tables."""
-        threads = self._db.execute("SELECT DISTINCT channel, chat_id FROM messages "
-                                   "WHERE file = ?", (file,)).fetchall()
+        self.delete_where("file = ?", (file,))
+
+    def delete_where(self, where: str, values: tuple) -> None:
+        """Remove the messages WHERE (a condition on `messages`, with VALUES) says from
+        their threads' tables (the `messages` rows stay: the caller deletes them)."""
+        threads = self._db.execute(f"SELECT DISTINCT channel, chat_id FROM messages "
+                                   f"WHERE {where}", values).fetchall()
         for channel, chat_id in threads:
             table = self.known_table(Thread(channel, chat_id))
             if table is not None:
-                senders = self._senders_of("file = ? AND channel = ? AND chat_id = ?",
-                                           (file, channel, chat_id))
+                condition = f"{where} AND channel = ? AND chat_id = ?"
+                bound = (*values, channel, chat_id)
+                senders = self._senders_of(condition, bound)
                 self._db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT seq FROM messages "
-                                 "WHERE file = ? AND channel = ? AND chat_id = ?)",
-                                 (file, channel, chat_id))
+                                 f"WHERE {condition})", bound)
                 self._drop_senders(table, senders)
 
 

@@ -33,6 +33,13 @@ def is_control(extra: Mapping[str, str]) -> bool:
     return CONTROL_KEY in extra
 
 
+def row_values(record) -> tuple:
+    """A MessageRecord's COLUMNS as a `messages` row holds them."""
+    return (record.id, record.role, record.text, record.channel, record.chat_id,
+            record.sender, record.timestamp, record.parent, record.turn_type,
+            json.dumps(record.extra, sort_keys=True))
+
+
 def record_fields(row: Sequence) -> dict:
     """The MessageRecord fields of a `messages` row selected as COLUMNS (first)."""
     (id_, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra) = row[:10]

@@ -5,7 +5,8 @@ readers hold a shared one.  Settling the tail before an append reads the file
 backwards (searching for lines starting with `*`) only as far as its last
 write reaches, so its cost does not grow with the size of the file.
 `entries_backwards` walks the entries from the end the same way, block by
-block, for readers that need only the newest part of a thread.
+block, for readers that need only the newest part of a thread; `parse_writes`
+reads forwards a bounded chunk of whole writes at a time (to catch the index up).
 """
 
 from __future__ import annotations
@@ -14,17 +15,19 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from opencortex.memory.completeness import complete_end
+from opencortex.memory.completeness import ParsedFile, complete_end, parse_thread_file
 
 log = logging.getLogger(__name__)
 
 TAIL_CHUNK = 1 << 16         # bytes read at a time when looking for the last entry
+_ID_LINE = re.compile(rb"(?m)^:ID:[ \t]*(\S+)[ \t]*$")
 
 
 class ArchiveError(RuntimeError):
@@ -76,6 +79,39 @@ def read_range(fd: int, start: int, end: int) -> bytes:
         parts.append(piece)
         offset += len(piece)
     return b"".join(parts)
+
+
+def parse_writes(fd: int, start: int, size: int, limit: int | None) -> ParsedFile:
+    """The whole writes of the open file from START (where a write begins) on: those
+    within about LIMIT bytes (all up to SIZE without LIMIT), and at least the one
+    beginning at START, however long.
+
+    A write longer than LIMIT (an import's: 1,000 messages) is found by reading
+    twice as much each time: what is read stays within twice the longer of LIMIT
+    and that write, never the rest of the file (unless that write is the rest).
+    """
+    end = size if limit is None else min(size, start + max(limit, 1))
+    while True:
+        parsed = parse_thread_file(read_range(fd, start, end), base=start)
+        if parsed.length or end >= size:
+            return parsed
+        end = min(size, start + 2 * (end - start))
+
+
+def entry_id_at(fd: int, offset: int) -> str | None:
+    """The id of the entry beginning at OFFSET of the open file (None: no entry begins
+    there, or it has no id), read from its property drawer alone."""
+    if offset < 0 or (read_range(fd, offset - 1, offset + 1) if offset else
+                      b"\n" + read_range(fd, 0, 1)) != b"\n*":
+        return None
+    length = 1 << 10
+    while True:
+        data = read_range(fd, offset, offset + length)
+        drawer = data.split(b"\n:END:", 1)[0].split(b"\n*", 1)[0]
+        if len(drawer) < len(data) or len(data) < length:
+            found = _ID_LINE.search(drawer)
+            return found.group(1).decode("utf-8", "replace") if found else None
+        length *= 4
 
 
 def read_last_entry(fd: int, size: int) -> tuple[int | None, bytes]:

@@ -12,9 +12,13 @@ An archive opened with `background=True` (the long-lived kernel) leaves that
 work to `BackgroundCatchUp`: the files are indexed a chunk of whole writes at a
 time (CHUNK_BYTES), each chunk under the archive's lock and no more, so turns
 are written and indexed between chunks and a search sees what is indexed so
-far.  A thread whose conversation opens meanwhile is caught up whole at once
-(`Archive.thread_records`).  Little to do (INLINE_BYTES) is done before the
-archive opens, as always; `index_report` tells how far it is.
+far.  A write longer than a chunk (an import writes 1,000 messages at once) is
+a chunk of its own, never the rest of the file.  A file changed other than by
+appending (edited by hand) is read again from its start the same way, a chunk
+at a time, without first dropping its rows (see `reread`: what a search sees
+meanwhile).  A thread whose conversation opens meanwhile is caught up whole at
+once (`Archive.thread_records`).  Little to do (INLINE_BYTES) is done before
+the archive opens, as always; `index_report` tells how far it is.
 """
 
 from __future__ import annotations
@@ -26,17 +30,20 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from opencortex.memory.completeness import parse_thread_file
 from opencortex.memory.index import MessageIndex
 from opencortex.memory.layout import org_file_sizes
 from opencortex.memory.records import MessageRecord
-from opencortex.memory.threadfile import locked, read_range, settle_tail
+from opencortex.memory.reread import Reread
+from opencortex.memory.threadfile import locked, parse_writes, read_range, settle_tail
 
 log = logging.getLogger(__name__)
 
-INLINE_BYTES = 4 << 20      # bytes to index at most before the archive opens
-CHUNK_BYTES = 256 << 10     # bytes of whole writes indexed per hold of the lock (~30 ms)
+INLINE_BYTES = 512 << 10    # bytes to index at most before the archive opens (~0.15 s;
+                            # 4 MB held a kernel's start 1.2 s)
+CHUNK_BYTES = 256 << 10     # bytes of whole writes indexed per hold of the lock (~80 ms)
 PAUSE = 0.001               # seconds between two chunks, for whoever waits for the lock
+YIELD = 2.0                 # ... or this times what others ran while a chunk was indexed
+                            # (Python runs one thread at a time: a start ran at half speed)
 STOP_TIMEOUT = 5.0          # seconds `stop` waits for the chunk being indexed
 
 
@@ -66,10 +73,13 @@ class BackgroundCatchUp:
                  "sees them as they come", self.total, self.size / 1e6)
         for path in files:
             try:
-                while not step(path):
-                    if self._stop.is_set():
-                        return
-                    time.sleep(PAUSE)        # a lock is not fair: let a waiting turn take it
+                while True:
+                    began, ran = time.monotonic(), time.thread_time()
+                    if step(path):
+                        break
+                    shared = (time.monotonic() - began) - (time.thread_time() - ran)
+                    if self._stop.wait(max(PAUSE, YIELD * shared)):
+                        return               # (a lock is not fair: a waiting turn takes it)
             except FileNotFoundError:       # removed meanwhile (forgotten): nothing to index
                 pass
             except Exception as error:     # a broken disk or index: the next open goes on
@@ -192,18 +202,32 @@ class IndexUpkeep:
             sizes = org_file_sizes(self.root) if sizes is None else sizes
             for gone in known.keys() - sizes.keys():
                 self._index.forget_file(gone)
-            behind = {}                      # file -> bytes to index
-            for name, size in sizes.items():
-                have = known.get(name)
-                if have != size:
-                    behind[name] = size - have if have is not None and have < size else size
+            rereads = self._index.rereads()
+            behind = {name: size if name in rereads else self._to_read(name, known.get(name),
+                                                                       size)
+                      for name, size in sizes.items()         # file -> bytes to read
+                      if known.get(name) != size or name in rereads}
             order = sorted(behind, key=self._written_at)
             if not background or sum(behind.values()) <= INLINE_BYTES:
                 for name in order:
-                    self._catch_up_file(self.root / name, known.get(name))
+                    self._catch_up_file(self.root / name)
                 return
         self._catching_up = BackgroundCatchUp(
             [self.root / name for name in order], self._catch_up_chunk, sum(behind.values()))
+
+    def _to_read(self, name: str, known: int | None, size: int) -> int:
+        """How many bytes of the file NAME (SIZE bytes, KNOWN of them indexed) catching up
+        reads: what was appended since, or the whole file when it changed otherwise
+        (a hand edit that grew it 7 bytes has the whole file read again)."""
+        if not known or known >= size:
+            return size
+        try:
+            with (self.root / name).open("rb") as stream:   # appends leave these bytes be
+                stream.seek(known - 1)
+                appended = stream.read(2) == b"\n*"
+        except OSError:
+            return size
+        return size - known if appended else size
 
     def _written_at(self, name: str) -> tuple[int, str]:
         """When the file NAME was last written (and its name, for a tie)."""
@@ -215,34 +239,36 @@ class IndexUpkeep:
     def _catch_up_chunk(self, path: Path) -> bool:
         """Index the next CHUNK_BYTES or so of PATH (whole writes); whether all is."""
         with self._lock:
-            return self._catch_up_file(path, self._index.file_size(self._name(path)),
-                                       limit=CHUNK_BYTES)
+            return self._catch_up_file(path, limit=CHUNK_BYTES)
 
-    def _catch_up_file(self, path: Path, known: int | None, *, limit: int | None = None
-                       ) -> bool:
-        """Index what PATH holds past the KNOWN bytes the index has (all of it, or the
-        whole writes of about LIMIT bytes); whether the index then has all of it."""
+    def _catch_up_file(self, path: Path, *, limit: int | None = None) -> bool:
+        """Index what PATH holds past what the index has (all of it, or the whole writes
+        of about LIMIT bytes: a chunk, however long the file); whether the index then
+        has all of it.  A file changed other than by appending is read again from its
+        start (see `reread`).  Called under the archive's lock."""
         name = self._name(path)
         with locked(path, exclusive=False) as fd:
-            size = os.fstat(fd).st_size
-            if known == size:
-                return True
-            start = 0
-            if known and known < size and read_range(fd, known - 1, known + 1) == b"\n*":
-                start = known
-            elif known:
-                limit = None        # read again from the start: whole, so it ends
-            end = size if limit is None else min(size, start + limit)
-            parsed = parse_thread_file(read_range(fd, start, end), base=start)
-            if end < size and parsed.length == 0:       # one write longer than LIMIT
-                end = size
-                parsed = parse_thread_file(read_range(fd, start, end), base=start)
+            stat = os.fstat(fd)
+            size = stat.st_size
+            reread = self._index.reread_of(name)
+            if reread is not None and not reread.fits(fd, stat):
+                log.info("%s changed again while read again; read from its start", name)
+                reread = Reread.of(stat)
+            if reread is None:
+                known = self._index.file_size(name)
+                if known == size:
+                    return True
+                if known and (known > size or read_range(fd, known - 1, known + 1) != b"\n*"):
+                    log.info("%s changed other than by appending; it is read again", name)
+                    reread = Reread.of(stat)
+            if reread is not None:
+                return reread.step(self._index, name, fd, size, limit)
+            start = known or 0
+            parsed = parse_writes(fd, start, size, limit)
         if start == 0:
             self._index.forget_file(name)
         added = self._index.add((name, offset, rec) for offset, rec in parsed.entries)
         self._index.set_file_size(name, start + parsed.length)
         log.info("indexed %d message(s) from %s (bytes %d..%d)", added, name, start,
                  start + parsed.length)
-        return end == size
-
-
+        return limit is None or not parsed.length or start + parsed.length >= size
