@@ -12,8 +12,7 @@ just BEFORE that write (the write itself is replayed on top of it)::
 - seen: the id of the last entry of the file the writer knew of ("" = none),
   so a reader can tell that no other process wrote in between;
 - first: the id of the first conversation message of the file ("" = none yet),
-  so a reader can tell that older messages were not forgotten since.
-
+  so a reader can tell that older messages were not forgotten since;
 - summary: the newest summary record of the branch ("" = none), which a restart
   puts back even when it lies before the tail it reads;
 - sum: the CRC-32 of everything before it, so that a hand edit of the line is

@@ -182,9 +182,8 @@ class Conversations:
         strategy = conversation.context.strategy
         context = self._new_context()
         context.set_strategy(strategy)
-        summary, window, kept = self._restored(conversation.log, strategy)
-        in_window = {entry.id for entry in window}
-        pinned = conversation.log.entries_of((conversation.log.pins() | kept) - in_window)
+        # Off the loop: a pin or summary older than the tail makes the log read whole.
+        summary, window, pinned = await self.read(self._restored, conversation.log, strategy)
         conversation.context = context
         conversation.kept_summaries.update(entry.id for entry in summary)
         start = summary[0].turn if summary else 0    # where the summary's turns start
@@ -198,10 +197,19 @@ class Conversations:
 
     @staticmethod
     def _restored(log: ThreadLog, strategy: str
-                  ) -> tuple[list[Entry], list[Entry], set[str]]:
-        """([the newest kept summary of the branch], the messages after it, the messages
-        it left out as pinned then), or ([], the newest messages, {}) when there is none
-        or the strategy makes none."""
+                  ) -> tuple[list[Entry], list[Entry], list[Entry]]:
+        """([the newest kept summary of the branch], the messages after it, the pinned
+        messages before them and those the summary left out as pinned then), or ([],
+        the newest messages, the pinned ones before them) when there is no summary or
+        the strategy makes none."""
+        summary, window, kept = Conversations._summary_and_window(log, strategy)
+        in_window = {entry.id for entry in window}
+        return summary, window, log.entries_of((log.pins() | kept) - in_window)
+
+    @staticmethod
+    def _summary_and_window(log: ThreadLog, strategy: str
+                            ) -> tuple[list[Entry], list[Entry], set[str]]:
+        """`_restored`'s summary and window, and the ids the summary left out."""
         if strategy in SUMMARIZING:
             near = next(((summary, after) for summary in log.summaries() if (
                 after := log.position(summary.last, within=WINDOW_MESSAGES + 1)) is not None),
