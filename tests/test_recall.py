@@ -206,7 +206,11 @@ def test_recall_leaves_out_function_words_and_control_records(archive):
     texts = [e.text for e in Recall(archive, {}).recall(CLI, "what is the launch?")]
     assert len(texts) == 1 and texts[0].endswith("what is the plan for the launch")
     assert recall_query("what is the launch?") == "launch?"
-    assert recall_query("what is it") == "what is it"
+    # Only function words name nothing to match: "what is it" recalled "what is it" and
+    # the like at a score of 0 (noise); it recalls nothing now.
+    assert recall_query("what is it") == ""
+    assert Recall(archive, {}).recall(CLI, "what is it?") == []
+    assert "searched for: nothing" in Recall(archive, {}).explain(CLI, "what is it?")
 
 
 def test_long_recalled_messages_are_cut(archive):

@@ -40,7 +40,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import re
 import time
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
@@ -51,11 +50,13 @@ from opencortex.conversation.branches import unique
 from opencortex.conversation.entries import Entry
 from opencortex.conversation.fusion import Ranked, fuse
 from opencortex.conversation.recalldates import DateHint, date_hint
+from opencortex.conversation.recallwords import (QUESTION_MARKS, asks, is_question,
+                                                  recall_query)
 from opencortex.conversation.recallexplain import explain
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
-from opencortex.memory.query import bare_word, query_text, query_words
+from opencortex.memory.query import query_text, query_words
 from opencortex.memory.rows import text_key
 
 if TYPE_CHECKING:
@@ -73,23 +74,6 @@ CANDIDATES = 4                 # recall ranks this many times K matches before k
 RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
 SAID_PER_OTHER = 2             # hits of what a named person said per other hit, in turn
 
-# Function words left out of a recall query while other words remain: they match
-# almost every message and would recall noise.
-_STOPWORDS = frozenset("""
-a about above after again all also am an and any are as at be because been before being
-below between both but by can could did do does doing done down during each few for from
-further had has have having he her here hers him his how i if in into is it its itself just
-let like me more most my no nor not now of off on once only or other our ours out over own
-please same she should so some such than that the their theirs them then there these they
-this those through to too under until up very was we were what when where which while who
-whom why will with would you your yours
-""".split())
-QUESTION_MARKS = ("?", "\uff1f", "\u061f")   # ?, the fullwidth ？ and the Arabic ؟
-_ASKS = re.compile("[" + "".join(QUESTION_MARKS) + r"]\W*\Z")
-_QUESTION_WORDS = frozenset("""what when where which who whom whose why how did does do is are
-was were can could will would should has have had""".split())
-
-
 def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
     """Who is talking in THREAD: the configured name for "channel:chat-id" if any;
     else "local" for Emacs and terminal threads; else the thread itself ("telegram:123").
@@ -97,14 +81,6 @@ def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
     thread = Thread(*thread)
     configured = owners.get(str(thread))
     return configured or default_partition(thread)
-
-
-def recall_query(text: str) -> str:
-    """The words of TEXT worth searching for: without function words and marks standing
-    alone, unless that is all."""
-    words = text.split()
-    kept = [w for w in words if (bare := bare_word(w).casefold()) and bare not in _STOPWORDS]
-    return " ".join(kept or words)
 
 
 class Recall:
@@ -209,7 +185,7 @@ class Recall:
         entries = [self.entry(hit) for hit in hits]
         known = {hit.id for hit in hits}        # beside EXCLUDE_IDS
         near = self.archive.neighbours_of(      # the reply after questions; a question before
-            [hit.id for hit in hits], after_of=[hit.id for hit in hits if _asks(hit.text)],
+            [hit.id for hit in hits], after_of=[hit.id for hit in hits if asks(hit.text)],
             before_with=QUESTION_MARKS) if hits else {}
         for hit in hits:
             partner = _partner(hit, *near.get(hit.id, (None, None)))
@@ -245,8 +221,12 @@ class Recall:
         thread = Thread(*thread)
         allowed, where = self._scope_of(thread)
         words = recall_query(hint.text) if hint.text.strip() else recall_query(query)
+        if not words:           # only function words: nothing to match, but a period named
+            said = [] if hint.window is None else self.archive.said_within(
+                hint.window, limit=k, exclude_ids=exclude_ids, **where)
+            return [Ranked(hit, rank, None, None) for rank, hit in enumerate(said, 1)], hint
         named, rest = self._named(words, where)
-        asking = _is_question(query)
+        asking = is_question(query)
         search = partial(self.archive.search, exclude_ids=exclude_ids, snippets=snippets,
                          distinct=True, **where)
 
@@ -363,24 +343,11 @@ def _partner(hit: SearchHit, before: MessageRecord | None, after: MessageRecord 
     """The reply to HIT when it is a question (AFTER, the next message: only looked for
     then), or the question HIT replies to (BEFORE, the message before it), if either is."""
     speaker = (hit.role, hit.sender)
-    if after is not None and _asks(hit.text) and (after.role, after.sender) != speaker:
+    if after is not None and asks(hit.text) and (after.role, after.sender) != speaker:
         return after
-    if before is not None and _asks(before.text) and (before.role, before.sender) != speaker:
+    if before is not None and asks(before.text) and (before.role, before.sender) != speaker:
         return before
     return None
-
-
-def _asks(text: str) -> bool:
-    """True when TEXT ends with a question mark ("?", "？", "؟"), whatever follows it
-    that is not a word ("?!", "? 🙂", "?)")."""
-    return _ASKS.search(text[-64:]) is not None
-
-
-def _is_question(text: str) -> bool:
-    """True when TEXT asks something: it ends with "?" or opens with a question word."""
-    words = text.split(maxsplit=1)
-    return _asks(text) or bool(words) and \
-        bare_word(words[0]).casefold() in _QUESTION_WORDS
 
 
 def _newer_first(hits: list[SearchHit]) -> list[SearchHit]:

@@ -12,7 +12,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from opencortex.conversation.fusion import Ranked
+from opencortex.conversation.recallwords import recall_query
 from opencortex.events import Thread
+from opencortex.memory.query import query_text
 from opencortex.memory.rows import who
 
 if TYPE_CHECKING:
@@ -21,12 +23,12 @@ if TYPE_CHECKING:
 
 def explain(recall: Recall, thread: Thread, query: str, *, k: int = 10) -> str:
     """What RECALL brings for QUERY in THREAD (its K best) and why."""
-    from opencortex.conversation.recall import query_text, recall_query
     query = query_text(query)
     ranked, hint = recall.ranked(thread, query, k=k, snippets=True)
     words = recall_query(hint.text) or recall_query(query)
-    lines = [f"searched for: {words if len(words) <= 200 else words[:199] + '…'}"]
-    named = recall.named(thread, words)
+    lines = [f"searched for: {words if len(words) <= 200 else words[:199] + '…'}" if words
+             else "searched for: nothing (only common words)"]
+    named = recall.named(thread, words) if words else []
     if named:
         lines.append(f"people named: {', '.join(named)} (what they said leads)")
     if recall.dense is not None:

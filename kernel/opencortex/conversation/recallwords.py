@@ -1,0 +1,49 @@
+"""The words of a recall question: which are worth matching, and whether it asks.
+
+Function words ("the", "what", "did") match almost every message and would
+recall noise, so a question is searched by its other words (`recall_query`);
+one made only of them names nothing to match.  A text asks something when it
+ends with a question mark, whatever script or emoji follows (`asks`), or
+opens with a question word (`is_question`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from opencortex.memory.query import bare_word
+
+# Function words, left out of a recall query.
+_STOPWORDS = frozenset("""
+a about above after again all also am an and any are as at be because been before being
+below between both but by can could did do does doing done down during each few for from
+further had has have having he her here hers him his how i if in into is it its itself just
+let like me more most my no nor not now of off on once only or other our ours out over own
+please same she should so some such than that the their theirs them then there these they
+this those through to too under until up very was we were what when where which while who
+whom why will with would you your yours
+""".split())
+QUESTION_MARKS = ("?", "\uff1f", "\u061f")   # ?, the fullwidth ？ and the Arabic ؟
+_ASKS = re.compile("[" + "".join(QUESTION_MARKS) + r"]\W*\Z")
+_QUESTION_WORDS = frozenset("""what when where which who whom whose why how did does do is are
+was were can could will would should has have had""".split())
+
+
+def recall_query(text: str) -> str:
+    """The words of TEXT worth searching for: without function words and marks standing
+    alone ("" when that is all: "what did we do?" names nothing to match)."""
+    return " ".join(w for w in text.split()
+                    if (bare := bare_word(w).casefold()) and bare not in _STOPWORDS)
+
+
+def asks(text: str) -> bool:
+    """True when TEXT ends with a question mark ("?", "？", "؟"), whatever follows it
+    that is not a word ("?!", "? 🙂", "?)")."""
+    return _ASKS.search(text[-64:]) is not None
+
+
+def is_question(text: str) -> bool:
+    """True when TEXT asks something: it ends with "?" or opens with a question word."""
+    words = text.split(maxsplit=1)
+    return asks(text) or bool(words) and \
+        bare_word(words[0]).casefold() in _QUESTION_WORDS
