@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from opencortex.conversation import recall as recall_module
 from opencortex.conversation.entries import Entry
-from opencortex.conversation.recall import LOCAL_OWNER, Recall, owner_of, recall_query
+from opencortex.conversation.recall import LOCAL_OWNER, Recall, owner_of
+from opencortex.conversation.recallwords import recall_query
 from opencortex.events import Thread
 from opencortex.memory import Archive, NewMessage
 from opencortex.memory import index as index_module

@@ -303,6 +303,9 @@ def test_a_question_about_a_period_alone_recalls_what_was_said_then(archive):
         entries = Recall(archive, {}).recall(EMACS, question, k=5)
         assert [e.text.split("] ")[1] for e in entries] == ["we planned the garden beds",
                                                             "the sky was blue"]
+    # /recall says what recall searched: nothing here ("yesterday" names the period)
+    explained = Recall(archive, {}).explain(EMACS, "what did we do yesterday?")
+    assert "searched for: nothing (only common words)" in explained
 
 
 def test_now_puts_the_newer_of_two_matches_first(archive):

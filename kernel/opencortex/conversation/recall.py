@@ -51,7 +51,7 @@ from opencortex.conversation.entries import Entry
 from opencortex.conversation.fusion import Ranked, fuse
 from opencortex.conversation.recalldates import DateHint, date_hint
 from opencortex.conversation.recallwords import (QUESTION_MARKS, asks, is_question,
-                                                  recall_query)
+                                                  searched_words)
 from opencortex.conversation.recallexplain import explain
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
@@ -220,7 +220,7 @@ class Recall:
             return [], hint
         thread = Thread(*thread)
         allowed, where = self._scope_of(thread)
-        words = recall_query(hint.text) if hint.text.strip() else recall_query(query)
+        words = searched_words(query, hint.text)
         if not words:           # only function words: nothing to match, but a period named
             said = [] if hint.window is None else self.archive.said_within(
                 hint.window, limit=k, exclude_ids=exclude_ids, **where)

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from opencortex.conversation.fusion import Ranked
-from opencortex.conversation.recallwords import recall_query
+from opencortex.conversation.recallwords import searched_words
 from opencortex.events import Thread
 from opencortex.memory.query import query_text
 from opencortex.memory.rows import who
@@ -25,7 +25,7 @@ def explain(recall: Recall, thread: Thread, query: str, *, k: int = 10) -> str:
     """What RECALL brings for QUERY in THREAD (its K best) and why."""
     query = query_text(query)
     ranked, hint = recall.ranked(thread, query, k=k, snippets=True)
-    words = recall_query(hint.text) or recall_query(query)
+    words = searched_words(query, hint.text)
     lines = [f"searched for: {words if len(words) <= 200 else words[:199] + '…'}" if words
              else "searched for: nothing (only common words)"]
     named = recall.named(thread, words) if words else []

@@ -36,6 +36,12 @@ def recall_query(text: str) -> str:
                     if (bare := bare_word(w).casefold()) and bare not in _STOPWORDS)
 
 
+def searched_words(question: str, undated: str) -> str:
+    """The words recall searches for QUESTION, UNDATED being it without its date
+    expression: UNDATED's when anything is left of it, else the question's."""
+    return recall_query(undated if undated.strip() else question)
+
+
 def asks(text: str) -> bool:
     """True when TEXT ends with a question mark ("?", "？", "؟"), whatever follows it
     that is not a word ("?!", "? 🙂", "?)")."""

@@ -171,7 +171,7 @@ def _reason(error: dict[str, Any]) -> str:
 
 # -- JSON Lines --------------------------------------------------------------
 
-def json_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
+def _lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
     """(number, line) for each line; None for a line longer than MAX_LINE_BYTES."""
     number = 0
     while line := stream.readline(MAX_LINE_BYTES + 1):
@@ -184,21 +184,29 @@ def json_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
             yield number, line
 
 
-def jsonl_items(stream: BinaryIO, default_thread: Thread | None) -> Iterator[Read]:
-    """The messages of a JSON Lines file, a line at a time (blank lines are skipped)."""
-    for number, line in json_lines(stream):
+def jsonl_values(stream: BinaryIO) -> Iterator[tuple[str, Any]]:
+    """(where, the JSON value of the line, or a Problem) for each line of a JSON Lines
+    file that is not blank."""
+    for number, line in _lines(stream):
         where = f"line {number}"
         if line is None:
-            yield Problem(where, f"longer than {MAX_LINE_BYTES} bytes")
+            yield where, Problem(where, f"longer than {MAX_LINE_BYTES} bytes")
             continue
         if number == 1:
             line = line.removeprefix(b"\xef\xbb\xbf")
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
+            yield where, json.loads(line)
         except (ValueError, RecursionError):
-            yield Problem(where, "not valid JSON (or not UTF-8)")
+            yield where, Problem(where, "not valid JSON (or not UTF-8)")
+
+
+def jsonl_items(stream: BinaryIO, default_thread: Thread | None) -> Iterator[Read]:
+    """The messages of a JSON Lines file, a line at a time (blank lines are skipped)."""
+    for where, data in jsonl_values(stream):
+        if isinstance(data, Problem):
+            yield data
             continue
         try:
             yield _jsonl_item(data, where, default_thread)
@@ -206,11 +214,17 @@ def jsonl_items(stream: BinaryIO, default_thread: Thread | None) -> Iterator[Rea
             yield Problem(where, str(error))
 
 
+def line_thread(data: dict[str, Any], default_thread: Thread | None) -> Thread | None:
+    """The thread a JSON line's object names, else DEFAULT_THREAD (BadMessage or
+    ValueError when it names one that cannot be read)."""
+    return default_thread if data.get("thread") is None else parse_thread(data["thread"])
+
+
 def _jsonl_item(data: Any, where: str, default_thread: Thread | None) -> Item | Problem:
     """One JSON Lines object as a message to import (BadMessage when it is not one)."""
     if not isinstance(data, dict):
         raise BadMessage("not a JSON object")
-    thread = default_thread if data.get("thread") is None else parse_thread(data["thread"])
+    thread = line_thread(data, default_thread)
     if thread is None:
         raise BadMessage("thread is missing (or pass --thread)")
     role = data.get("role")

@@ -17,12 +17,11 @@ Lines that cannot be read are passed over here: the import reports them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from typing import BinaryIO
 
 from opencortex.events import Thread
-from opencortex.memory.importer import BadMessage, ImportFailed, json_lines, parse_thread
+from opencortex.memory.importer import BadMessage, ImportFailed, jsonl_values, line_thread
 from opencortex.memory.partitions import Partition
 
 # Owners (each with its own FTS5 tables) an import may leave the index with: past
@@ -36,8 +35,13 @@ def new_owners(stream: BinaryIO, default_thread: Thread | None, partition: Parti
     """The owners (as PARTITION names them) of the threads of STREAM's JSON lines that
     are not among KNOWN, collected until there are more than ROOM of them."""
     found: set[str] = set()
-    for number, line in json_lines(stream):
-        thread = _thread_of(line, number, default_thread)
+    for _, data in jsonl_values(stream):
+        if not isinstance(data, dict):            # a Problem too: the import reports it
+            continue
+        try:
+            thread = line_thread(data, default_thread)
+        except (BadMessage, ValueError):
+            continue
         if thread is None:
             continue
         owner = partition(thread)
@@ -46,22 +50,6 @@ def new_owners(stream: BinaryIO, default_thread: Thread | None, partition: Parti
             if len(found) > room:
                 break
     return found
-
-
-def _thread_of(line: bytes | None, number: int, default_thread: Thread | None
-               ) -> Thread | None:
-    """The thread of the JSON line LINE (number NUMBER), or None when it names none
-    that can be read."""
-    if line is None or not line.strip():
-        return None
-    try:
-        data = json.loads(line.removeprefix(b"\xef\xbb\xbf") if number == 1 else line)
-        if not isinstance(data, dict):
-            return None
-        value = data.get("thread")
-        return default_thread if value is None else parse_thread(value)
-    except (BadMessage, ValueError, RecursionError):
-        return None
 
 
 def check_owners(stream: BinaryIO, default_thread: Thread | None, partition: Partition,
