@@ -1,9 +1,10 @@
-"""`opencortex memory import`: the file read once (pipes), its format told, owners counted."""
+"""`opencortex memory import`: the file read once (pipes), its format told, many owners."""
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -66,13 +67,11 @@ class Pipe:
 
 # -- a pipe is read once ----------------------------------------------------------
 
-@pytest.mark.parametrize("options", [(), ("--many-owners",)])
-def test_a_pipe_with_automatic_format_loses_nothing(home, tmp_path, options):
+def test_a_pipe_with_automatic_format_loses_nothing(home, tmp_path):
     """`cat s.jsonl | opencortex memory import /dev/stdin` lost the first 64 KB: the
     format was told from one open of the file, the messages read from another."""
     data = "".join(f"{line(text=f'message number {n}', n=n)}\n" for n in range(2000))
-    run = oc(home, "memory", "import", "/dev/stdin", "--json", *options,
-             stdin=data.encode())
+    run = oc(home, "memory", "import", "/dev/stdin", "--json", stdin=data.encode())
     report = json.loads(run.stdout)
     assert run.returncode == 0, run.stderr
     assert (report["format"], report["added"], report["skipped"]) == ("jsonl", 2000, 0)
@@ -122,52 +121,22 @@ def test_an_export_on_one_line_or_many_is_telegram_and_neither_says_pass_format(
 
 # -- owners ---------------------------------------------------------------------------------
 
-def test_an_import_that_would_make_too_many_owners_is_refused_with_nothing_written(
-        archive, tmp_path, monkeypatch):
-    """Every chat is an owner with FTS tables of its own; thousands of them made every
-    start take tens of seconds.  Past MAX_OWNERS, an import needs many_owners."""
-    from opencortex.memory import owner_limit
-    monkeypatch.setattr(owner_limit, "MAX_OWNERS", 4)
-    archive.append([NewMessage(role="user", text="old", thread=Thread("telegram", "1"))])
-    lines = [line(thread=f"telegram:{n % 5}", n=n) for n in range(50)]    # 4 new owners
-    source = write(tmp_path / "h.jsonl", lines)
-    before = sorted(p.name for p in (tmp_path / "memory" / "telegram").iterdir())
-    with pytest.raises(ImportFailed, match="more than 3 owners.*--many-owners"):
-        import_file(archive, source)
-    assert sorted(p.name for p in (tmp_path / "memory" / "telegram").iterdir()) == before
-    assert archive.owner_names() == {"telegram:1"}
-    one_owner = import_file(archive, source, partition=lambda thread: "alice")
-    assert one_owner.added == 50 and archive.owner_names() >= {"alice"}
-    forced = import_file(archive, write(tmp_path / "more.jsonl", [
-        line(thread=f"telegram:{n}", text="more") for n in range(10, 20)]), many_owners=True)
-    assert forced.added == 10
-
-
-def test_the_owner_count_reads_a_pipe_once_and_stops_past_the_limit(archive, tmp_path,
-                                                                    monkeypatch):
-    from opencortex.memory import owner_limit
-    monkeypatch.setattr(owner_limit, "MAX_OWNERS", 3)
-    refused = Pipe("".join(f"{line(thread=f'telegram:{n % 200}', n=n)}\n"
-                           for n in range(3000)).encode())
-    try:
-        with pytest.raises(ImportFailed, match="more than 3 owners"):
-            import_file(archive, refused.path)
-    finally:
-        refused.close()
-    assert not archive.threads()
-    lines = [line(thread=f"telegram:{n % 3}", n=n) for n in range(3000)]
-    accepted = Pipe("".join(f"{text}\n" for text in lines).encode())
-    try:
-        report = import_file(archive, accepted.path)
-    finally:
-        accepted.close()
-    assert (report.added, report.problems) == (3000, 0)
-    stream = write(tmp_path / "h.jsonl", [line(thread=f"telegram:{n}") for n in range(500)])
-    with stream.open("rb") as opened:
-        found = owner_limit.new_owners(opened, None, str, set(), 10)
-    assert len(found) == 11                               # counting stopped past ROOM
-
-
-def test_the_command_offers_many_owners(home):
-    shown = " ".join(oc(home, "memory", "import", "--help").stdout.decode().split())
-    assert "--many-owners" in shown and "slows down past about a thousand owners" in shown
+def test_an_import_of_many_chats_leaves_the_index_few_tables(archive, tmp_path, monkeypatch):
+    """Every chat is an owner; each had FTS tables of its own, and thousands of them made
+    every start take tens of seconds (an import past 1,000 owners was refused unless
+    --many-owners).  Owners past OWN_TABLES now share tables (see `partitions`)."""
+    from opencortex.memory import partitions
+    monkeypatch.setattr(partitions, "OWN_TABLES", 4)
+    monkeypatch.setattr(partitions, "SHARED_TABLES", 2)
+    source = write(tmp_path / "h.jsonl", [line(thread=f"telegram:{n % 60}", n=n,
+                                               text=f"gecko {n % 60}") for n in range(180)])
+    report = import_file(archive, source)
+    assert (report.added, report.stopped) == (180, None)
+    db = sqlite3.connect(tmp_path / "memory" / "index.sqlite")
+    tables = db.execute("SELECT count(*) FROM sqlite_master WHERE sql LIKE "
+                        "'CREATE VIRTUAL%'").fetchone()[0]
+    db.close()
+    assert tables <= 4 + 2
+    for n in (0, 30, 59):
+        hits = archive.search("gecko", thread=Thread("telegram", str(n)), limit=10)
+        assert [h.text for h in hits] == [f"gecko {n}"] * 3

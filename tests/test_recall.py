@@ -19,6 +19,7 @@ from opencortex.conversation.recallwords import recall_query
 from opencortex.events import Thread
 from opencortex.memory import Archive, NewMessage
 from opencortex.memory import index as index_module
+from opencortex.memory import partitions
 from opencortex.memory import ranking
 
 CLI = Thread("cli", "local")
@@ -238,12 +239,24 @@ FILLER = ("project meeting notes", "budget and launch plan", "see you at the mee
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=st.lists(st.tuples(st.sampled_from(CANARY_THREADS), st.sampled_from(FILLER),
                                st.booleans()), min_size=1, max_size=20),
-       shared=st.booleans())
-def test_recall_never_returns_another_owners_canary(plan, shared):
+       shared=st.booleans(), crowded=st.booleans())
+def test_recall_never_returns_another_owners_canary(plan, shared, crowded):
     """Two Telegram users, a group, a Matrix room and the local user (Emacs, terminal and a
-    Signal chat mapped to them) write canaries in any order; recall never crosses owners."""
+    Signal chat mapped to them) write canaries in any order; recall never crosses owners.
+    CROWDED: owners past the first share one FTS table, and one that reaches three
+    messages moves to a table of its own (see `partitions`)."""
     shared_owners = ["telegram:-100777"] if shared else []
-    with tempfile.TemporaryDirectory() as tmp, Archive(Path(tmp) / "memory") as archive:
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        if crowded:
+            for name, value in (("OWN_TABLES", 1), ("SHARED_TABLES", 1), ("OWN_FROM", 3),
+                                ("GROWTH_CHECK", 1)):
+                patch.setattr(partitions, name, value)
+        _canaries_stay_with_their_owner(Path(tmp), plan, shared_owners)
+
+
+def _canaries_stay_with_their_owner(tmp: Path, plan, shared_owners: list[str]) -> None:
+    """Archive PLAN's canaries under TMP; check what each thread recalls."""
+    with Archive(tmp / "memory") as archive:
         canaries: dict[str, Thread] = {}
         for n, (thread, filler, with_reply) in enumerate(plan):
             canary = f"canary{n:03d}"

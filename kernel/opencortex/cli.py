@@ -129,11 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
     imports.add_argument("--assistant", action="append", default=[], metavar="NAME_OR_ID",
                          help="Telegram: this sender (name, from_id or number) speaks as the "
                               "assistant; repeat for several")
-    imports.add_argument("--many-owners", action="store_true",
-                         help="JSON Lines: import even when the index would then hold more "
-                              "than 1,000 owners (each Telegram, Signal or Matrix chat is "
-                              "one, unless [conversation] owners names it): every start "
-                              "slows down past about a thousand owners")
     imports.add_argument("--json", action="store_true")
 
     serve = sub.add_parser("serve", parents=[common],

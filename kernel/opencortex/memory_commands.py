@@ -85,8 +85,7 @@ def _import(config: Config, args: argparse.Namespace) -> int:
     require_writable_home(config, "importing")
     with sole_writer(config), Archive(config.memory_dir) as archive:
         report = import_history(archive, args.file, fmt=args.format, thread=thread,
-                                assistants=args.assistant, many_owners=args.many_owners,
-                                partition=_owner_function(config))
+                                assistants=args.assistant, partition=_owner_function(config))
     complete = not report.problems and report.stopped is None
     if args.json:
         print_json({"status": "ok" if complete else "incomplete", "file": str(args.file),

@@ -265,12 +265,6 @@ class Archive(ArchiveQueries, IndexUpkeep):
         with self._lock:
             return {str(value) for value in self._index.platform_ids(Thread(*thread))}
 
-    def owner_names(self) -> set[str]:
-        """The owners whose messages the index keeps in tables of their own (see
-        `partitions`: each costs every open of the index a little time)."""
-        with self._lock:
-            return self._index.partition_names()
-
     def _check_parent(self, thread: Thread, parent: str) -> None:
         """Refuse an explicit PARENT that is not a message of THREAD (looked up in the index)."""
         found = self._index.thread_of(parent)

@@ -4,9 +4,6 @@ A file may be a pipe or a FIFO (`/dev/stdin`, `<(zcat chat.jsonl.gz)`): what
 is read of it cannot be read again.  So `ImportSource` reads the start of the
 file once (`read_head`), tells the format from it (`format_of`), and gives it
 back in front of the rest (`stream`): nothing read to tell the format is lost.
-When a file must be read twice (the owner count of a JSON Lines import, see
-`owner_limit`), `rewind` seeks a regular file back to its start and spools a
-pipe into an unnamed temporary file first.
 
 Telling the formats apart: a Telegram Desktop export is one JSON object over
 many lines (Telegram Desktop writes `{` alone on the first line) with a
@@ -21,8 +18,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -143,7 +138,6 @@ class ImportSource:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._file: BinaryIO = self.path.open("rb")
-        self._spool: BinaryIO | None = None
         try:
             self.head, self.ended = read_head(self._file)
         except BaseException:
@@ -157,31 +151,14 @@ class ImportSource:
         self.close()
 
     def close(self) -> None:
-        """Close the file (and remove the spooled copy, if any)."""
-        for file in (self._spool, self._file):
-            if file is not None:
-                file.close()
+        """Close the file."""
+        self._file.close()
 
     def format(self) -> str:
         """The file's format, told from its start (see `format_of`)."""
         return format_of(self.head, self.ended, self.path)
 
     def stream(self) -> BinaryIO:
-        """The file from where it was last started (its start, at first), read once."""
-        source = self._spool or self._file
+        """The file from its start, read once."""
         head, self.head = self.head, b""
-        return io.BufferedReader(_Replayed(head, source), READ_BUFFER)
-
-    def rewind(self, spool_dir: Path) -> None:
-        """Read the file from its start again: seek a regular file back; a pipe is first
-        copied whole into an unnamed temporary file in SPOOL_DIR (then seeked back)."""
-        if self._spool is None and not self._file.seekable():
-            spool = tempfile.TemporaryFile(dir=spool_dir, prefix=".import-")
-            try:
-                shutil.copyfileobj(self.stream(), spool, 1 << 20)
-            except BaseException:
-                spool.close()
-                raise
-            self._spool = spool
-        (self._spool or self._file).seek(0)
-        self.head = b""
+        return io.BufferedReader(_Replayed(head, self._file), READ_BUFFER)

@@ -18,9 +18,9 @@ Telegram message the bridge archived (its PLATFORM_ID, the Telegram message id,
 in the same thread) is found too, where the export's ids are the bot's (see
 `telegram_export`).
 
-The file is opened and read once (`ImportSource`), so a pipe works too.  A JSON
-Lines import that would leave the index with too many owners is refused before
-anything is written (see `owner_limit`), unless asked for.
+The file is opened and read once (`ImportSource`), so a pipe works too.  It may
+bring any number of owners: past the first few hundred, owners share search
+tables until they grow (see `partitions`).
 
 Memory stays bounded: the file is read a line (or a Telegram message) at a
 time; messages wait per thread and are written BATCH at a time (one locked,
@@ -305,19 +305,15 @@ class _Writer:
 
 def import_file(archive: Archive, path: Path, *, fmt: str = "auto",
                 thread: Thread | None = None, assistants: Iterable[str] = (),
-                partition: Partition | None = None, many_owners: bool = False,
-                spool_dir: Path | None = None) -> ImportReport:
+                partition: Partition | None = None) -> ImportReport:
     """Import the messages of the file at PATH into ARCHIVE; returns what was done.
 
     FMT: "auto" (told from the file), "jsonl" or "telegram".  THREAD: where a
     Telegram export goes (default: from its chat id), and the thread of JSON
     lines that name none.  ASSISTANTS: Telegram senders (names or ids) whose
     messages are the assistant's.  PARTITION: each thread's owner (default: the
-    archive's), set on ARCHIVE before the first write.  Unless MANY_OWNERS, a
-    JSON Lines file whose threads would leave the index with more than MAX_OWNERS
-    owners is refused, nothing written (ImportFailed; see `owner_limit`); it is
-    read twice for that, a pipe from a copy spooled into SPOOL_DIR (default: the
-    archive's directory).  Run it as the archive's only writer (the CLI holds the
+    archive's), set on ARCHIVE before the first write.  Run it as the archive's
+    only writer (the CLI holds the
     home's lock): duplicates are found through the index.
     """
     if fmt not in ("auto", *FORMATS):
@@ -328,12 +324,6 @@ def import_file(archive: Archive, path: Path, *, fmt: str = "auto",
         if assistants and chosen != "telegram":
             raise ImportFailed("--assistant applies to Telegram exports; each JSON line "
                                "names its own role")
-        if chosen == "jsonl" and not many_owners:
-            from opencortex.memory.owner_limit import check_owners
-            source.rewind(spool_dir or archive.root)
-            check_owners(source.stream(), thread, partition or archive.partition,
-                         archive.owner_names())
-            source.rewind(spool_dir or archive.root)
         if partition is not None:
             archive.set_partition(partition)
         return _import_stream(archive, source.stream(), chosen, thread, assistants)

@@ -22,7 +22,8 @@ Ranked search over the FTS tables is `ranking.RankedSearch`, a part of
 `MessageIndex`, and so is `reread.IndexRereads` (a changed file read again);
 rows become records as `rows` says.
 
-An index of another schema version or tokenizer is rebuilt on open.  The
+An index of another schema version or tokenizer is rebuilt on open (one of
+layout 4 with few owners is upgraded in place).  The
 SQLite file is opened lazily, by the first read or write (a kernel starts
 without touching it until its archive needs it).
 """
@@ -39,16 +40,16 @@ from pathlib import Path
 from opencortex.events import Thread
 from opencortex.memory.cjk import cjk_terms
 from opencortex.memory.partitions import (DEFAULT_TOKENIZER, Partition, Partitions,
-                                          fts_tables, thread_token, NOT_CONTROL)  # noqa: F401
+                                          fts_tables, thread_token, upgrade_from_4)
 from opencortex.memory.ranking import RankedSearch
 from opencortex.memory.records import MessageRecord
 from opencortex.memory.reread import KEY as REREAD_KEY, IndexRereads
-from opencortex.memory.rows import (COLUMNS, columns_of, is_control, record_fields, row_values,
-                                   who)
+from opencortex.memory.rows import (COLUMNS, NOT_CONTROL, columns_of, is_control,
+                                   record_fields, row_values, who)
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _SCHEMA = """
 CREATE TABLE messages (
     seq INTEGER PRIMARY KEY,
@@ -59,9 +60,11 @@ CREATE TABLE messages (
 CREATE INDEX messages_in_thread ON messages (channel, chat_id, offset);
 CREATE INDEX messages_in_file ON messages (file);
 CREATE TABLE files (path TEXT PRIMARY KEY, size INTEGER NOT NULL);
-CREATE TABLE parts (name TEXT PRIMARY KEY, tab INTEGER NOT NULL UNIQUE);
+CREATE TABLE parts (name TEXT PRIMARY KEY, tab INTEGER NOT NULL);
+CREATE INDEX parts_in_table ON parts (tab);
 CREATE TABLE thread_parts (channel TEXT NOT NULL, chat_id TEXT NOT NULL, part TEXT NOT NULL,
                            PRIMARY KEY (channel, chat_id));
+CREATE INDEX threads_of_part ON thread_parts (part);
 CREATE TABLE senders (tab INTEGER NOT NULL, sender TEXT NOT NULL, PRIMARY KEY (tab, sender))
     WITHOUT ROWID;
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -149,12 +152,14 @@ class MessageIndex(RankedSearch, IndexRereads):
     def _create(self, db: sqlite3.Connection, *, force: bool = False) -> None:
         """(Re)create the schema, unless another process just did (or FORCE).
 
-        An index of an older schema (one shared FTS table) is dropped whole: the
-        archive then rebuilds it from the org files."""
+        An index of an older schema is dropped whole (the archive then rebuilds it
+        from the org files), unless `upgrade_from_4` can bring it up to date."""
         db.execute("BEGIN IMMEDIATE")
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
-            if force or version != SCHEMA_VERSION:
+            if not force and version == 4 and upgrade_from_4(db):
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif force or version != SCHEMA_VERSION:
                 for table in fts_tables(db) + list(_TABLES):
                     db.execute(f"DROP TABLE IF EXISTS {table}")
                 for statement in _SCHEMA.split(";"):
@@ -268,8 +273,10 @@ class MessageIndex(RankedSearch, IndexRereads):
                         "VALUES (?, ?, ?, ?, ?)", (cursor.lastrowid, rec.text,
                                                    thread_token(rec.thread), sender,
                                                    cjk_terms(rec.text)))
-                    if sender and self._parts.note_sender(table, sender):
+                    if sender and self._parts.senders.note(table, sender):
                         self.generation += 1        # readers learn the new sender at once
+                    if self._parts.grew(rec.thread):
+                        self.generation += 1        # an owner moved to a table of its own
                 added += 1
         return added
 
@@ -334,10 +341,6 @@ class MessageIndex(RankedSearch, IndexRereads):
             "SELECT json_extract(extra, '$.PLATFORM_ID') FROM messages WHERE channel = ? "
             "AND chat_id = ? AND json_extract(extra, '$.PLATFORM_ID') IS NOT NULL",
             tuple(thread))}
-
-    def partition_names(self) -> set[str]:
-        """The owners (partitions) that have FTS tables of their own."""
-        return {name for (name,) in self._db.execute("SELECT name FROM parts")}
 
     def history(self, thread: Thread, limit: int) -> list[MessageRecord]:
         """The last LIMIT messages of THREAD, oldest first."""

@@ -1,20 +1,28 @@
-"""One FTS5 table per owner, so ranking uses that owner's own word statistics.
+"""An FTS5 table per owner, so ranking uses that owner's own word statistics.
 
 FTS5's bm25 takes term rarity and the average message length from the whole
 table it searches.  With every owner in one table, a name that fills one
 person's chats but is rare across the archive weighs far too much, and the
 words of other people's chats decide what counts as rare.  So the index keeps
-one FTS5 table per *partition*, and a partition is an owner: the function
-that names it (`default_partition` unless `MessageIndex.set_partition` is
-given the recall configuration's owner function) decides, per thread.
+FTS5 tables per *partition*, and a partition is an owner: the function that
+names it (`default_partition` unless `MessageIndex.set_partition` is given the
+recall configuration's owner function) decides, per thread.
+
+A table costs every opening of the index time (SQLite reads the whole schema;
+3,000 tables took 0.65 s, and the cost grows faster than their number), and
+strangers on a bridge can bring owners without end.  So the first OWN_TABLES
+owners (and "local" always) get a table of their own; later ones share one of
+SHARED_TABLES tables, chosen by a hash of their name, until they have OWN_FROM
+messages, when their messages move to a table of their own.  A search of a
+shared table filters by the owner's threads; its word statistics are those of
+the owners sharing it.
 
 Tables:
 
-- ``parts (name, tab)``: partition name -> the number N of its table ``fts_N``;
+- ``parts (name, tab)``: partition name -> the number N of its table ``fts_N``
+  (numbers from SHARED_BASE on are the shared tables);
 - ``thread_parts (channel, chat_id, part)``: which partition each thread is in;
-- ``senders (tab, sender)``: who sent messages in each table, so a question's
-  word can be known to name a sender without a search (`sender_words`); the
-  ``senders`` row of ``meta`` counts its changes.
+- ``senders (tab, sender)``: who sent messages in each table (see `senders`).
 
 The partition shapes ranking, and lets recall search an owner's table whole
 (`RankedSearch.search` by owners) at a cost that does not grow with the owner's
@@ -27,16 +35,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 import sqlite3
 import time
-import unicodedata
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 
 from opencortex.events import Thread
 from opencortex.memory.cjk import cjk_terms
-from opencortex.memory.query import fts_phrase
-from opencortex.memory.rows import WHO
+from opencortex.memory.rows import NOT_CONTROL, WHO
+from opencortex.memory.senders import TableSenders, table_number
 
 LOCAL_PARTITION = "local"
 LOCAL_CHANNELS = frozenset({"emacs", "cli"})
@@ -46,13 +52,16 @@ TOKENIZERS = {
 }
 DEFAULT_TOKENIZER = "porter"
 SHARED_TTL = 1.0            # seconds a table's thread count is reused, at most
-SENDERS_TTL = 1.0           # seconds another process's new senders may go unnoticed
 BM25_WEIGHTS = "1.0, 0.0, 0.0, 1.0"   # bm25 weights of the columns: text; thread and
                                       # sender are filters only; the text's Chinese and
                                       # Japanese terms (see `cjk`)
 TEXT = "{text cjk}"         # the FTS5 columns a search of words looks in
-NOT_CONTROL = "json_extract(extra, '$.CONTROL') IS NULL"
-_WORD = re.compile(r"\w+")
+OWN_TABLES = 256            # owners given a table of their own as they come; later ones share
+SHARED_TABLES = 32          # the tables those share, each owner's chosen by a hash of its name
+OWN_FROM = 500              # messages at which an owner sharing a table gets one of its own
+GROWTH_CHECK = 64           # messages added to a sharing owner between two counts of its own
+SHARED_BASE = 1_000_000_000  # the number of the first shared table (own ones count from 1)
+MAX_GROWTH = 4096           # sharing partitions whose additions are counted at most
 
 Partition = Callable[[Thread], str]
 
@@ -62,15 +71,6 @@ def default_partition(thread: Thread) -> str:
     threads, else the thread itself ("telegram:123")."""
     thread = Thread(*thread)
     return LOCAL_PARTITION if thread.channel in LOCAL_CHANNELS else str(thread)
-
-
-@functools.lru_cache(maxsize=4096)
-def folded_words(text: str) -> tuple[str, ...]:
-    """The words of TEXT as the tokenizers compare them: case and diacritics folded
-    ("José" -> "jose"; "@alice:example.org" -> alice, example, org)."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
-    return tuple(_WORD.findall("".join(c for c in decomposed
-                                       if not unicodedata.combining(c))))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -86,9 +86,26 @@ def fts_tables(db: sqlite3.Connection) -> list[str]:
         "AND (name = 'fts' OR name GLOB 'fts_[0-9]*')")]
 
 
+def upgrade_from_4(db: sqlite3.Connection) -> bool:
+    """Bring the partition tables of an index of layout 4 (where every partition had a
+    table of its own) up to layout 5, in DB's transaction, when it has at most
+    OWN_TABLES partitions; False (nothing done) when it has more: rebuilt, the index
+    then places them anew, most in shared tables."""
+    if db.execute("SELECT count(*) FROM parts").fetchone()[0] > OWN_TABLES:
+        return False
+    db.execute("CREATE TABLE parts_5 (name TEXT PRIMARY KEY, tab INTEGER NOT NULL)")
+    db.execute("INSERT INTO parts_5 (name, tab) SELECT name, tab FROM parts")
+    db.execute("DROP TABLE parts")
+    db.execute("ALTER TABLE parts_5 RENAME TO parts")
+    db.execute("CREATE INDEX parts_in_table ON parts (tab)")
+    db.execute("CREATE INDEX threads_of_part ON thread_parts (part)")
+    return True
+
+
 class Partitions:
     """The FTS table of each thread, created on first use; threads moved when their
-    partition changes.  Callers hold a transaction where they write."""
+    partition changes, and an owner's when it outgrows a shared table.  Callers hold
+    a transaction where they write."""
 
     def __init__(self, tokenizer: str = DEFAULT_TOKENIZER):
         """Partitions whose tables use TOKENIZER (a key of TOKENIZERS); `attach` a
@@ -99,63 +116,65 @@ class Partitions:
         self._db: sqlite3.Connection | None = None
         self.tokenizer = tokenizer
         self.partition: Partition = default_partition
-        self._tables: dict[Thread, str] = {}
+        self._placed: dict[Thread, tuple[str, str]] = {}  # thread -> (partition, table)
         self._named: dict[str, str] = {}                  # partition name -> its table
         self._shared: dict[str, tuple[int, float]] = {}   # table -> (threads, when counted)
-        # the senders' change count when read, each table's sender words, when checked
-        self._senders: tuple[str | None, dict[str, frozenset[str]], float] = (None, {}, 0.0)
+        self._growth: dict[str, int] = {}   # sharing partition -> messages added here
+        self.senders = TableSenders()
 
     def attach(self, db: sqlite3.Connection) -> None:
         """Work on the index connection DB from now on."""
         db.create_function("cjk_terms", 1, cjk_terms, deterministic=True)
         self._db = db
+        self.senders.attach(db)
         self.forget_cache()
 
     def forget_cache(self) -> None:
         """Drop what is remembered about tables (after the schema was recreated)."""
-        self._tables.clear()
+        self._placed.clear()
         self._named.clear()
         self._shared.clear()
-        self._senders = (None, {}, 0.0)
+        self._growth.clear()
+        self.senders.forget()
 
     def table_of(self, thread: Thread) -> str:
         """The FTS table THREAD's messages go to (made, and the thread recorded, if new)."""
         thread = Thread(*thread)
-        table = self._tables.get(thread)
-        if table is None:
-            row = self._db.execute(
-                "SELECT tab FROM thread_parts JOIN parts ON part = name "
-                "WHERE channel = ? AND chat_id = ?", tuple(thread)).fetchone()
-            if row is None:
-                part = self.partition(thread)
-                number = self._table_number(part)
-                self._db.execute("INSERT INTO thread_parts (channel, chat_id, part) "
-                                 "VALUES (?, ?, ?)", (*thread, part))
-            else:
-                number = row[0]
-            table = self._tables[thread] = f"fts_{number}"
-        return table
+        placed = self._placed.get(thread) or self._place(thread)
+        if placed is None:
+            part = self.partition(thread)
+            number = self._table_number(part)
+            self._db.execute("INSERT INTO thread_parts (channel, chat_id, part) "
+                             "VALUES (?, ?, ?)", (*thread, part))
+            placed = self._placed[thread] = (part, f"fts_{number}")
+        return placed[1]
 
     def known_table(self, thread: Thread) -> str | None:
         """THREAD's FTS table, or None when nothing of THREAD was ever indexed."""
         thread = Thread(*thread)
-        if thread in self._tables:
-            return self._tables[thread]
+        placed = self._placed.get(thread) or self._place(thread)
+        return None if placed is None else placed[1]
+
+    def _place(self, thread: Thread) -> tuple[str, str] | None:
+        """THREAD's recorded (partition, table), remembered; None when it has none."""
         row = self._db.execute(
-            "SELECT tab FROM thread_parts JOIN parts ON part = name "
+            "SELECT part, tab FROM thread_parts JOIN parts ON part = name "
             "WHERE channel = ? AND chat_id = ?", tuple(thread)).fetchone()
         if row is None:
             return None
-        table = self._tables[thread] = f"fts_{row[0]}"
-        return table
+        placed = self._placed[thread] = (row[0], f"fts_{row[1]}")
+        return placed
 
     def tables(self) -> list[str]:
         """Every partition's FTS table."""
-        return [f"fts_{n}" for (n,) in self._db.execute("SELECT tab FROM parts ORDER BY tab")]
+        return [f"fts_{n}" for (n,) in self._db.execute(
+            "SELECT DISTINCT tab FROM parts ORDER BY tab")]
 
-    def tables_of(self, names: Collection[str]) -> list[str]:
-        """The FTS tables of the partitions NAMES (one without a table yet has none)."""
-        found = []
+    def targets_of(self, names: Collection[str]) -> list[tuple[str, list[str] | None]]:
+        """(table, thread tokens to filter on, or None for the whole table) to search
+        for the partitions NAMES: a table of their own whole, a shared one for their
+        threads (a partition without a table yet has none)."""
+        by_table: dict[str, list[str]] = {}
         for name in sorted(set(names)):
             table = self._named.get(name)
             if table is None:
@@ -164,8 +183,18 @@ class Partitions:
                 if row is None:
                     continue
                 table = self._named[name] = f"fts_{row[0]}"
-            found.append(table)
-        return found
+            by_table.setdefault(table, []).append(name)
+        targets: list[tuple[str, list[str] | None]] = []
+        for table, members in sorted(by_table.items()):
+            if not is_shared(table):
+                targets.append((table, None))
+                continue
+            tokens = sorted(thread_token(Thread(*row)) for row in self._db.execute(
+                f"SELECT channel, chat_id FROM thread_parts WHERE part IN "
+                f"({', '.join('?' * len(members))})", members))
+            if tokens:
+                targets.append((table, tokens))
+        return targets
 
     def threads_in(self, table: str) -> int:
         """How many threads share TABLE, counted again after SHARED_TTL seconds.  (A
@@ -176,76 +205,78 @@ class Partitions:
         if known is None or now - known[1] > SHARED_TTL:
             count = self._db.execute(
                 "SELECT count(*) FROM thread_parts JOIN parts ON part = name WHERE tab = ?",
-                (_number(table),)).fetchone()[0]
+                (table_number(table),)).fetchone()[0]
             known = self._shared[table] = (count, now)
         return known[0]
 
     def _table_number(self, part: str) -> int:
-        """The table number of partition PART, making its FTS5 table when new."""
+        """The table number of partition PART, placing it when new: a table of its own
+        while fewer than OWN_TABLES partitions have one ("local" always), else
+        a shared one."""
         row = self._db.execute("SELECT tab FROM parts WHERE name = ?", (part,)).fetchone()
         if row is not None:
             return row[0]
-        number = self._db.execute("SELECT coalesce(max(tab), 0) + 1 FROM parts").fetchone()[0]
+        own = self._db.execute("SELECT count(*) FROM parts WHERE tab < ?",
+                               (SHARED_BASE,)).fetchone()[0]
+        number = self._new_table() if part == LOCAL_PARTITION or own < OWN_TABLES \
+            else self._shared_table(part)
         self._db.execute("INSERT INTO parts (name, tab) VALUES (?, ?)", (part, number))
+        return number
+
+    def _new_table(self) -> int:
+        """The number of a new table of its own, made."""
+        number = self._db.execute("SELECT coalesce(max(tab), 0) + 1 FROM parts WHERE tab < ?",
+                                  (SHARED_BASE,)).fetchone()[0]
+        self._make_table(number)
+        return number
+
+    def _shared_table(self, part: str) -> int:
+        """The number of the shared table PART goes to (made when it is the first)."""
+        digest = hashlib.sha256(part.encode("utf-8")).digest()
+        number = SHARED_BASE + int.from_bytes(digest[:8], "big") % SHARED_TABLES
+        if self._db.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
+                            (f"fts_{number}",)).fetchone() is None:
+            self._make_table(number)
+        return number
+
+    def _make_table(self, number: int) -> None:
+        """Make the FTS5 table fts_NUMBER, ranked with BM25_WEIGHTS."""
         self._db.execute(f"CREATE VIRTUAL TABLE fts_{number} USING fts5 "
                          f"(text, thread, sender, cjk, "
                          f"tokenize = '{TOKENIZERS[self.tokenizer]}')")
         self._db.execute(f"INSERT INTO fts_{number} (fts_{number}, rank) "
                          f"VALUES ('rank', 'bm25({BM25_WEIGHTS})')")
-        return number
 
-    # -- senders -------------------------------------------------------------
-
-    def note_sender(self, table: str, sender: str) -> bool:
-        """Record that SENDER has messages in TABLE; True when that is new (a change
-        of the senders, counted in `meta`)."""
-        if not self._db.execute("INSERT OR IGNORE INTO senders (tab, sender) VALUES (?, ?)",
-                                (_number(table), sender)).rowcount:
+    def grew(self, thread: Thread) -> bool:
+        """Note that a message of THREAD was just added to its table; when its partition
+        shares a table and has reached OWN_FROM messages, move the partition to a table
+        of its own (True: tables moved)."""
+        part, table = self._placed[Thread(*thread)]
+        if not is_shared(table):
             return False
-        self._db.execute("INSERT INTO meta (key, value) VALUES ('senders', 1) ON CONFLICT"
-                         "(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1")
-        self._senders = (None, {}, 0.0)
+        if len(self._growth) >= MAX_GROWTH:
+            self._growth.clear()
+        added = self._growth[part] = self._growth.get(part, 0) + 1
+        if added % GROWTH_CHECK or self._messages_of(part) < OWN_FROM:
+            return False
+        self._own_table_for(part, table)
         return True
 
-    def sender_words(self, tables: Iterable[str]) -> dict[str, frozenset[str]]:
-        """For each of TABLES, the folded words (see `folded_words`) of its senders.
+    def _messages_of(self, part: str) -> int:
+        """How many messages the threads of partition PART have in the index."""
+        return self._db.execute(
+            "SELECT count(*) FROM thread_parts t JOIN messages m ON m.channel = t.channel "
+            "AND m.chat_id = t.chat_id WHERE t.part = ?", (part,)).fetchone()[0]
 
-        Read again when the senders changed: this connection's own changes at once
-        (and, through the index's generation, its readers'); another process's, seen
-        in their change count, looked up at most every SENDERS_TTL seconds."""
-        known, words, checked = self._senders
-        now = time.monotonic()
-        if now - checked > SENDERS_TTL:
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'senders'").fetchone()
-            changes = None if row is None else str(row[0])
-            if changes != known:
-                words = {}
-            self._senders = (changes, words, now)
-        for table in tables:
-            if table not in words:
-                words[table] = frozenset(word for (sender,) in self._db.execute(
-                    "SELECT sender FROM senders WHERE tab = ?", (_number(table),))
-                    for word in folded_words(sender))
-        return words
-
-    def _drop_senders(self, table: str, senders: Iterable[str]) -> None:
-        """Forget those of SENDERS that no message left in TABLE was sent by."""
-        gone = [sender for sender in senders if not self._db.execute(
-            f"SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT 1",
-            (f"sender:{fts_phrase(sender)}",)).fetchone()]
-        for sender in gone:
-            self._db.execute("DELETE FROM senders WHERE tab = ? AND sender = ?",
-                             (_number(table), sender))
-        if gone:
-            self._db.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 "
-                             "WHERE key = 'senders'")
-            self._senders = (None, {}, 0.0)
-
-    def _senders_of(self, where: str, values: tuple) -> list[str]:
-        """Who sent the messages WHERE says (see `rows.WHO`), each once."""
-        return [sender for (sender,) in self._db.execute(
-            f"SELECT DISTINCT {WHO} FROM messages WHERE {where} AND {NOT_CONTROL}", values)
-            if sender]
+    def _own_table_for(self, part: str, shared: str) -> None:
+        """Move partition PART's messages from the table SHARED to a new one of its own."""
+        own = f"fts_{self._new_table()}"
+        self._db.execute("UPDATE parts SET tab = ? WHERE name = ?", (table_number(own), part))
+        threads = [Thread(*row) for row in self._db.execute(
+            "SELECT channel, chat_id FROM thread_parts WHERE part = ?", (part,))]
+        for thread in threads:
+            self._relocate(thread, shared, own)
+        self.forget_cache()
 
     # -- moving and deleting --------------------------------------------------
 
@@ -258,20 +289,25 @@ class Partitions:
     def move(self, thread: Thread, part: str) -> None:
         """Move THREAD's searchable messages to partition PART's table."""
         old = self.table_of(thread)
-        senders = self._senders_of("channel = ? AND chat_id = ?", tuple(thread))
-        self._db.execute(f"DELETE FROM {old} WHERE rowid IN (SELECT seq FROM messages "
-                         "WHERE channel = ? AND chat_id = ?)", tuple(thread))
-        self._drop_senders(old, senders)
         new = f"fts_{self._table_number(part)}"
         self._db.execute("UPDATE thread_parts SET part = ? WHERE channel = ? AND chat_id = ?",
                          (part, *thread))
+        self._relocate(thread, old, new)
+        self._placed[Thread(*thread)] = (part, new)
+
+    def _relocate(self, thread: Thread, old: str, new: str) -> None:
+        """Move THREAD's searchable messages from table OLD to table NEW, with their
+        senders."""
+        senders = self.senders.of_messages("channel = ? AND chat_id = ?", tuple(thread))
+        self._db.execute(f"DELETE FROM {old} WHERE rowid IN (SELECT seq FROM messages "
+                         "WHERE channel = ? AND chat_id = ?)", tuple(thread))
+        self.senders.drop(old, senders)
         self._db.execute(f"INSERT INTO {new} (rowid, text, thread, sender, cjk) "
                          f"SELECT seq, text, ?, {WHO}, cjk_terms(text) FROM messages "
                          f"WHERE channel = ? AND chat_id = ? AND {NOT_CONTROL}",
                          (thread_token(thread), *thread))
         for sender in senders:
-            self.note_sender(new, sender)
-        self._tables[Thread(*thread)] = new
+            self.senders.note(new, sender)
 
     def delete_file(self, file: str) -> None:
         """Remove the messages indexed from FILE from their threads' tables."""
@@ -287,12 +323,12 @@ class Partitions:
             if table is not None:
                 condition = f"{where} AND channel = ? AND chat_id = ?"
                 bound = (*values, channel, chat_id)
-                senders = self._senders_of(condition, bound)
+                senders = self.senders.of_messages(condition, bound)
                 self._db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT seq FROM messages "
                                  f"WHERE {condition})", bound)
-                self._drop_senders(table, senders)
+                self.senders.drop(table, senders)
 
 
-def _number(table: str) -> int:
-    """The number N of the table "fts_N"."""
-    return int(table.removeprefix("fts_"))
+def is_shared(table: str) -> bool:
+    """Whether TABLE is one the partitions past OWN_TABLES share."""
+    return table_number(table) >= SHARED_BASE

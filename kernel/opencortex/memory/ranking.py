@@ -17,11 +17,12 @@ from collections.abc import Set as AbstractSet
 from contextlib import closing
 
 from opencortex.events import Thread
-from opencortex.memory.partitions import (BM25_WEIGHTS, NOT_CONTROL, TEXT, Partitions,
-                                          folded_words, thread_token)
+from opencortex.memory.partitions import BM25_WEIGHTS, TEXT, Partitions, thread_token
 from opencortex.memory.query import fts_phrase, query_phrases, query_words
 from opencortex.memory.records import SearchHit
-from opencortex.memory.rows import COLUMNS, columns_of, is_control, record_fields, text_key
+from opencortex.memory.rows import (COLUMNS, NOT_CONTROL, columns_of, is_control,
+                                   record_fields, text_key)
+from opencortex.memory.senders import folded_words
 
 log = logging.getLogger(__name__)
 _MISSING = (None,) * len(COLUMNS.split(","))      # the columns of a match without its message
@@ -128,7 +129,7 @@ class RankedSearch:
         table are in scope, checked in the index for those threads."""
         scope = None if threads is None else {Thread(*thread) for thread in threads}
         where = self._where(scope, owners)
-        senders = self._parts.sender_words(table for table, _ in where)
+        senders = self._parts.senders.words(table for table, _ in where)
         where = [(table, tokens) for table, tokens in where if senders[table]]
         named = []
         for word in query_words(query) if where else ():
@@ -174,7 +175,7 @@ class RankedSearch:
                ) -> list[tuple[str, list[str] | None]]:
         """(table, thread tokens or None) to search for SCOPE, or OWNERS' tables."""
         if owners is not None:
-            return [(table, None) for table in self._parts.tables_of(owners)]
+            return self._parts.targets_of(owners)
         return self._targets(scope)
 
     def _targets(self, scope: set[Thread] | None) -> list[tuple[str, list[str] | None]]:
