@@ -75,8 +75,8 @@ def measure(rule: str, own_tables: int, source: Path, chats: int, tmp: Path) -> 
     objects = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
     db.close()
     print(f"  {rule:<22} import {seconds:6.2f} s ({report.added / seconds:6,.0f} messages/s)"
-          f"  schema objects {objects:>6,}  connection opens in {open_ms(root / 'index.sqlite'):7.1f}"
-          f" ms  recall p50 {statistics.median(times) * 1e3:5.2f} ms")
+          f"  schema objects {objects:>6,}  connection opens in "
+          f"{open_ms(root / 'index.sqlite'):7.1f} ms  recall p50 {statistics.median(times) * 1e3:5.2f} ms")
 
 
 def main() -> None:

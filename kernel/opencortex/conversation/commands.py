@@ -15,87 +15,15 @@ terminal and Emacs intercept it); elsewhere it answers that it means nothing.
 
 from __future__ import annotations
 
-import difflib
-import re
 import shlex
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
 
+from opencortex.conversation import branchcommands  # noqa: F401  (registers its commands)
+from opencortex.conversation.commandline import (  # noqa: F401  (is_command: for callers)
+    FREE_TEXT, HANDLERS, USAGE, CommandError, CommandInput, command, first_word, is_command,
+    number_argument, rest_argument, short, unknown_command)
 from opencortex.conversation.conversations import Conversation, Conversations
 
-COMMAND_WORD = re.compile(r"/[a-z][a-z-]*")
 FRONTENDS_THAT_QUIT = ("cli", "emacs")
-
-
-class CommandError(ValueError):
-    """A command was misused; the message says how to use it."""
-
-
-@dataclass
-class CommandInput:
-    """What a command may read besides the conversation."""
-
-    persona: str = ""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    skills: Any = None          # the kernel's SkillRegistry, for /reload
-    budget: str = ""            # what is left of this chat's budgets, for /budget
-
-
-Handler = Callable[["Commands", Conversation, list[str], CommandInput], Awaitable[str]]
-USAGE: dict[str, str] = {}
-HANDLERS: dict[str, Handler] = {}
-FREE_TEXT: set[str] = set()     # commands whose argument is the rest of the line, as typed
-
-
-def command(name: str, usage: str, *, free_text: bool = False):
-    """Register a slash command; with FREE_TEXT, its handler gets the rest of the line
-    as one argument (apostrophes and quotes are text: "/recall Caroline's dog"), else
-    the words of the line, split as a shell would."""
-    def register(handler: Handler) -> Handler:
-        HANDLERS[name] = handler
-        USAGE[name] = usage
-        if free_text:
-            FREE_TEXT.add(name)
-        return handler
-    return register
-
-
-def _rest(text: str) -> list[str]:
-    """The rest of the command line TEXT after its first word, spacing collapsed, as one
-    argument (none when empty); one pair of quotes around all of it is dropped."""
-    rest = " ".join(text.split()[1:])
-    if len(rest) >= 2 and rest[0] == rest[-1] and rest[0] in "\"'":
-        rest = rest[1:-1].strip()
-    return [rest] if rest else []
-
-
-def _first_word(text: str) -> str:
-    stripped = text.strip()
-    return stripped.split(maxsplit=1)[0].lower() if stripped else ""
-
-
-def is_command(text: str) -> bool:
-    """Whether TEXT is a slash command, known or not (see the module docstring)."""
-    return COMMAND_WORD.fullmatch(_first_word(text)) is not None
-
-
-def unknown_command(name: str) -> str:
-    """The error for /NAME: the closest command, and the list."""
-    close = difflib.get_close_matches(name, HANDLERS, n=1, cutoff=0.6)
-    hint = f" Did you mean /{close[0]}?" if close else ""
-    names = " ".join(f"/{known}" for known in sorted(HANDLERS))
-    return (f"There is no command /{name}.{hint} Commands: {names}. (To send text starting "
-            "with /word to the model, put another character first.)")
-
-
-def _number(argument: str, what: str) -> int:
-    try:
-        value = int(argument)
-    except ValueError:
-        raise CommandError(f"{what} must be a number, not {argument!r}") from None
-    if value < 0:
-        raise CommandError(f"{what} must not be negative")
-    return value
 
 
 class Commands:
@@ -107,12 +35,12 @@ class Commands:
     async def run(self, conversation: Conversation, text: str,
                   given: CommandInput | None = None) -> str:
         """Run the command TEXT on CONVERSATION; CommandError when it is unknown or misused."""
-        name = _first_word(text).removeprefix("/")
+        name = first_word(text).removeprefix("/")
         handler = HANDLERS.get(name)
         if handler is None:
             raise CommandError(unknown_command(name))
         if name in FREE_TEXT:
-            return await handler(self, conversation, _rest(text), given or CommandInput())
+            return await handler(self, conversation, rest_argument(text), given or CommandInput())
         try:
             words = shlex.split(text.strip())
         except ValueError as error:
@@ -127,11 +55,6 @@ class Commands:
         return await self.conversations.read(function, *args, **kwargs)
 
 
-def _short(text: str, width: int = 100) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[:width - 1] + "…"
-
-
 @command("help", "/help — the commands")
 async def _help(commands: Commands, conv: Conversation, args: list[str],
                 given: CommandInput) -> str:
@@ -141,7 +64,7 @@ async def _help(commands: Commands, conv: Conversation, args: list[str],
 @command("history", "/history [n] — the last n turns of this branch (default 10)")
 async def _history(commands: Commands, conv: Conversation, args: list[str],
                    given: CommandInput) -> str:
-    count = _number(args[0], "n") if args else 10
+    count = number_argument(args[0], "n") if args else 10
     show_thoughts = commands.conversations.settings.show_thoughts
     turns = conv.log.last_turns(count) if count else []
     lines = []
@@ -149,7 +72,7 @@ async def _history(commands: Commands, conv: Conversation, args: list[str],
         for record in turn.records:
             if record.turn_type == "thought" and not show_thoughts:
                 continue
-            lines.append(f"{turn.number:>4} {record.role:<9} {_short(record.text)}")
+            lines.append(f"{turn.number:>4} {record.role:<9} {short(record.text)}")
     return "\n".join(lines) or "No turns on this branch yet."
 
 
@@ -162,10 +85,10 @@ async def _context(commands: Commands, conv: Conversation, args: list[str],
              f"{context.state}); the system prompt and persona come first and are not shown."]
     for row in context.view():
         lines.append(f"  turn {row['turn']:>4} {row['role']:<9} {row['retention']:<9} "
-                     f"{row['kind']:<8} {row['tokens']:>5} tok  {_short(row['text'], 60)}")
+                     f"{row['kind']:<8} {row['tokens']:>5} tok  {short(row['text'], 60)}")
     if conv.recalled:
         lines.append("Recalled for the latest turn:")
-        lines += [f"  {_short(entry.text, 90)}" for entry in conv.recalled]
+        lines += [f"  {short(entry.text, 90)}" for entry in conv.recalled]
     if context.last_report is not None:
         lines.append(f"Last compression: {context.last_report.notes}")
     return "\n".join(lines)
@@ -213,102 +136,6 @@ async def _reset(commands: Commands, conv: Conversation, args: list[str],
     return f"Started afresh on branch {name}; earlier turns stay in the archive."
 
 
-@command("fork", "/fork [turn] — a new branch from that turn (default: now)")
-async def _fork(commands: Commands, conv: Conversation, args: list[str],
-                given: CommandInput) -> str:
-    turn = _number(args[0], "turn") if args else None
-    name = await commands.off_loop(conv.log.fork, turn)
-    await commands.conversations.refill(conv)
-    where = f"turn {turn}" if turn is not None else "the latest turn"
-    return f"Forked branch {name} at {where}; you are on it now."
-
-
-@command("rewind", "/rewind N — go back to turn N (later turns stay on their branch)")
-async def _rewind(commands: Commands, conv: Conversation, args: list[str],
-                  given: CommandInput) -> str:
-    if not args:
-        raise CommandError("usage: /rewind N")
-    turn = _number(args[0], "N")
-    kept = await commands.off_loop(conv.log.rewind, turn)
-    if kept is None:
-        return f"Branch {conv.log.branch} ends at turn {turn} already; nothing moved."
-    await commands.conversations.refill(conv)
-    return (f"Rewound branch {conv.log.branch} to turn {turn}. The later turns are on "
-            f"branch {kept}: /switch {kept} gets back to them.")
-
-
-@command("branches", "/branches — the branches of this chat, * marks the current one")
-async def _branches(commands: Commands, conv: Conversation, args: list[str],
-                    given: CommandInput) -> str:
-    lines = []
-    for row in conv.log.branch_summaries():
-        mark = "*" if row["current"] else " "
-        head = _head_question(conv, row["head"])
-        lines.append(f"{mark} {row['name']:<8} {row['turns']:>4} turns, head at turn "
-                     f"{row['head_turn']}{'  ' + head if head else ''}")
-    return "\n".join(lines) + "\n/switch NAME moves to a branch."
-
-
-def _head_question(conv: Conversation, head: str | None) -> str:
-    """The user's message of the turn HEAD is in, shortened (walks back one turn)."""
-    if head is None:
-        return ""
-    for record in reversed(conv.log.ancestors(head)):
-        if record.role == "user":
-            return repr(_short(record.text, 50))
-    return ""
-
-
-@command("switch", "/switch NAME — move to branch NAME (see /branches)")
-async def _switch(commands: Commands, conv: Conversation, args: list[str],
-                  given: CommandInput) -> str:
-    if len(args) != 1:
-        names = ", ".join(conv.log.branches())
-        raise CommandError(f"usage: /switch NAME (branches: {names})")
-    if args[0] == conv.log.branch:
-        return f"You are on branch {args[0]} already ({conv.log.turn_count()} turns)."
-    await commands.off_loop(conv.log.switch, args[0])
-    await commands.conversations.refill(conv)
-    return f"Switched to branch {conv.log.branch} ({conv.log.turn_count()} turns)."
-
-
-@command("merge", "/merge BRANCH — bring that branch's turns here, without duplicates")
-async def _merge(commands: Commands, conv: Conversation, args: list[str],
-                 given: CommandInput) -> str:
-    if not args:
-        names = ", ".join(sorted(conv.log.branches()))
-        raise CommandError(f"usage: /merge BRANCH (branches: {names})")
-    copied = await commands.off_loop(conv.log.merge, args[0])
-    await commands.conversations.refill(conv)
-    return f"Merged {len(copied)} messages from branch {args[0]} into {conv.log.branch}."
-
-
-async def _pinning(commands: Commands, conv: Conversation, args: list[str], pin: bool) -> str:
-    if not args:
-        raise CommandError(f"usage: /{'pin' if pin else 'unpin'} N")
-    turn = conv.log.turn(_number(args[0], "N"))
-    marked = conv.log.pin if pin else conv.log.unpin
-    changed = await commands.off_loop(lambda: sum(marked(i) for i in turn.ids))
-    for message_id in turn.ids:
-        (conv.context.pin if pin else conv.context.unpin)(message_id)
-    if pin:
-        await commands.conversations.refill(conv)
-    verb = "Pinned" if pin else "Unpinned"
-    return f"{verb} turn {turn.number} ({changed} messages changed)."
-
-
-@command("pin", "/pin N — keep turn N in the context whatever happens (PRESERVED)")
-async def _pin(commands: Commands, conv: Conversation, args: list[str],
-               given: CommandInput) -> str:
-    return await _pinning(commands, conv, args, True)
-
-
-@command("unpin", "/unpin N — let turn N be compressed again")
-async def _unpin(commands: Commands, conv: Conversation, args: list[str],
-                 given: CommandInput) -> str:
-    return await _pinning(commands, conv, args, False)
-
-
 @command("save", "/save [name] — save this conversation (branch and turn) under a name",
          free_text=True)
 async def _save(commands: Commands, conv: Conversation, args: list[str],
@@ -316,7 +143,7 @@ async def _save(commands: Commands, conv: Conversation, args: list[str],
     name = " ".join(args) or f"{conv.thread.channel}-{conv.thread.chat_id}-{conv.log.branch}"
     first = conv.log.turns()[0].records[0].text if conv.log.turn_count() else ""
     await commands.off_loop(commands.conversations.saved.save, name, conv.thread,
-                            conv.log.branch, conv.log.head, _short(first, 60),
+                            conv.log.branch, conv.log.head, short(first, 60),
                             owner=commands.conversations.owner(conv.thread))
     return f"Saved as {name!r} (branch {conv.log.branch}, {conv.log.turn_count()} turns)."
 
