@@ -5,12 +5,11 @@ dropped and rebuilt at any time.  Tables:
 
 - `messages`: one row per message with its file and byte offset (the order of
   a thread is the order of its file);
-- `fts_N`: one FTS5 table per partition (an owner, see `partitions`) over
-  the message text, with the thread as a single opaque token in its own
-  column so `thread:(A OR B) AND text:(...)` narrows fast, and the sender in
-  a third (a filter too: what a named person said, see `RankedSearch`), and
-  the Chinese and Japanese terms of the text in a fourth (see `cjk`).
-  Ranking (bm25) thus uses the owner's own word statistics.  Control records (a
+- `fts_N`: an FTS5 table per partition (an owner, or a few sharing one: see
+  `partitions`) over the message text, with the thread as a single opaque
+  token in its own column so `thread:(A OR B) AND text:(...)` narrows fast,
+  the sender in a third (a filter too: what a named person said), and the
+  Chinese and Japanese terms of the text in a fourth (see `cjk`).  Control records (a
   branch/head/pin note, marked by a CONTROL extra property) are kept in
   `messages` but never put in an FTS table: search cannot return them;
 - `files`: for each org file, how many of its bytes are known to be indexed;
@@ -23,9 +22,9 @@ Ranked search over the FTS tables is `ranking.RankedSearch`, a part of
 rows become records as `rows` says.
 
 An index of another schema version or tokenizer is rebuilt on open (one of
-layout 4 with few owners is upgraded in place).  The
-SQLite file is opened lazily, by the first read or write (a kernel starts
-without touching it until its archive needs it).
+layout 4 with few owners is upgraded in place).  The SQLite file is opened
+lazily, by the first read or write (a kernel starts without touching it until
+its archive needs it).
 """
 
 from __future__ import annotations
