@@ -43,7 +43,7 @@ from opencortex.memory.partitions import (DEFAULT_TOKENIZER, Partition, Partitio
 from opencortex.memory.ranking import RankedSearch
 from opencortex.memory.records import MessageRecord
 from opencortex.memory.reread import KEY as REREAD_KEY, IndexRereads
-from opencortex.memory.rows import (COLUMNS, NOT_CONTROL, columns_of, is_control,
+from opencortex.memory.rows import (AFTER_EACH, BEFORE_EACH, COLUMNS, is_control,
                                    record_fields, row_values, who)
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ class MessageIndex(RankedSearch, IndexRereads):
         self._connection: sqlite3.Connection | None = None
         self._opening = threading.Lock()
         self._closed = False
+        self._moved = False      # a write moved an owner's messages (see `_write`)
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -199,11 +200,15 @@ class MessageIndex(RankedSearch, IndexRereads):
     # -- writing -----------------------------------------------------------
 
     def _write(self, work) -> None:
-        """Run WORK() in one write transaction (the table cache is dropped on failure)."""
+        """Run WORK() in one write transaction (the table cache is dropped on failure;
+        readers drop theirs once an owner's messages moved to a table of their own)."""
         self._db.execute("BEGIN IMMEDIATE")
+        self._moved = False
         try:
             work()
             self._db.execute("COMMIT")
+            if self._moved:
+                self.generation += 1
         except BaseException:
             self._db.execute("ROLLBACK")
             self.forget_caches()
@@ -274,8 +279,7 @@ class MessageIndex(RankedSearch, IndexRereads):
                                                    cjk_terms(rec.text)))
                     if sender and self._parts.senders.note(table, sender):
                         self.generation += 1        # readers learn the new sender at once
-                    if self._parts.grew(rec.thread):
-                        self.generation += 1        # an owner moved to a table of its own
+                    self._moved = self._parts.grew(rec.thread) or self._moved
                 added += 1
         return added
 
@@ -370,32 +374,12 @@ class MessageIndex(RankedSearch, IndexRereads):
         ids = list(message_ids)
         marks = None if before_with is None else json.dumps(list(before_with))
         found: dict[str, list[MessageRecord | None]] = {}
-        for message_id, *row in self._db.execute(_BEFORE, (json.dumps(ids), marks)):
+        for message_id, *row in self._db.execute(BEFORE_EACH, (json.dumps(ids), marks)):
             found[message_id] = [None if row[0] is None else
                                  MessageRecord(**record_fields(row)), None]
         wanted = [i for i in (ids if after_of is None else after_of) if i in found]
         if wanted:
-            for message_id, *row in self._db.execute(_AFTER, (json.dumps(wanted),)):
+            for message_id, *row in self._db.execute(AFTER_EACH, (json.dumps(wanted),)):
                 found[message_id][1] = MessageRecord(**record_fields(row))
         return {message_id: (before, after) for message_id, (before, after) in found.items()}
 
-
-def _nearest(sign: str, order: str) -> str:
-    """SQL for the seq of the conversation message nearest to message h, on the SIGN side."""
-    return (f"(SELECT n.seq FROM messages n WHERE n.channel = h.channel AND "
-            f"n.chat_id = h.chat_id AND n.offset {sign} h.offset AND {NOT_CONTROL} "
-            f"ORDER BY n.offset {order} LIMIT 1)")
-
-
-# _BEFORE: each indexed message of a JSON list of ids (?1) with the conversation message
-# before it in its thread's file (NULLs when there is none, or when ?2, a JSON list, is
-# given and its text holds none of them).  _AFTER: each that has a message after it, with that message.
-# (Simple joins: one query with both neighbours and a CASE over the ids cost eight times
-# as much.)
-_BEFORE = (f"SELECT h.id, {columns_of('m')} FROM messages h LEFT JOIN messages m "
-           f"ON m.seq = {_nearest('<', 'DESC')} AND (?2 IS NULL OR EXISTS (SELECT 1 FROM "
-           f"json_each(?2) WHERE instr(m.text, value) > 0)) "
-           f"WHERE h.id IN (SELECT value FROM json_each(?1))")
-_AFTER = (f"SELECT h.id, {columns_of('m')} FROM messages h "
-          f"JOIN messages m ON m.seq = {_nearest('>', 'ASC')} "
-          f"WHERE h.id IN (SELECT value FROM json_each(?1))")

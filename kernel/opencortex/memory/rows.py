@@ -1,4 +1,5 @@
-"""Rows of the index's `messages` table: the columns read, and how a row becomes a record."""
+"""Rows of the index's `messages` table: the columns read, how a row becomes a record,
+and the queries of a message's neighbours."""
 
 from __future__ import annotations
 
@@ -47,3 +48,25 @@ def record_fields(row: Sequence) -> dict:
     return dict(id=id_, role=role, text=text, channel=channel, chat_id=chat_id,
                 sender=sender, timestamp=epoch, parent=parent, turn_type=turn_type,
                 extra=json.loads(extra))
+
+
+def _nearest(sign: str, order: str) -> str:
+    """SQL for the seq of the conversation message nearest to message h, on the SIGN side."""
+    return (f"(SELECT n.seq FROM messages n WHERE n.channel = h.channel AND "
+            f"n.chat_id = h.chat_id AND n.offset {sign} h.offset AND {NOT_CONTROL} "
+            f"ORDER BY n.offset {order} LIMIT 1)")
+
+
+# BEFORE_EACH: each indexed message of a JSON list of ids (?1) with the conversation message
+# before it in its thread's file (NULLs when there is none, or when ?2, a JSON list, is
+# given and its text holds none of them).  AFTER_EACH: each that has a message after
+# it, with that message.
+# (Simple joins: one query with both neighbours and a CASE over the ids cost eight
+# times as much.)
+BEFORE_EACH = (f"SELECT h.id, {columns_of('m')} FROM messages h LEFT JOIN messages m "
+               f"ON m.seq = {_nearest('<', 'DESC')} AND (?2 IS NULL OR EXISTS (SELECT 1 FROM "
+               f"json_each(?2) WHERE instr(m.text, value) > 0)) "
+               f"WHERE h.id IN (SELECT value FROM json_each(?1))")
+AFTER_EACH = (f"SELECT h.id, {columns_of('m')} FROM messages h "
+              f"JOIN messages m ON m.seq = {_nearest('>', 'ASC')} "
+              f"WHERE h.id IN (SELECT value FROM json_each(?1))")
