@@ -43,8 +43,10 @@
 ;; Emacs did not start, Emacs never stops or restarts).  M-x
 ;; opencortex-connect reaches a kernel through a connection file you name.
 ;;
-;; Files: opencortex-connection.el (the kernel process and the EPC
-;; connection), opencortex-chat.el (the buffer, output, header line),
+;; Files: opencortex-kernel.el (the kernel's program, home and connection
+;; file), opencortex-connection.el (the kernel process and the EPC
+;; connection), opencortex-recovery.el (a kernel lost: restarted,
+;; reconnected or joined), opencortex-chat.el (the buffer, output, header line),
 ;; opencortex-stream.el (turns and streamed replies), opencortex-approval.el
 ;; (approving what the kernel wants to run), opencortex-tools.el and
 ;; opencortex-tools-org.el (what the kernel's Emacs tools do in Emacs: read
@@ -63,6 +65,7 @@
   :prefix "opencortex-")
 
 (require 'opencortex-connection)
+(require 'opencortex-recovery)
 (require 'opencortex-tools)
 (require 'opencortex-tools-org)
 
