@@ -3,8 +3,9 @@
 The live context sits between the compression target and the threshold; a
 start that filled a fresh context with the newest messages compressed them to
 the target, so the model saw fewer turns after a restart than before it.  The
-checkpoint names where the context started (and the newest small talk let go),
-and a start restores exactly that.
+checkpoint names where the context started (and the newest small talk let go,
+the tokens a context stuck above its threshold waits for, the messages unpinned
+in place), and a start restores exactly that.
 """
 
 from __future__ import annotations
@@ -124,13 +125,15 @@ def test_an_edited_or_older_checkpoint_restores_the_newest_messages_as_before(ro
     whole, and the context is the newest messages compressed to the target."""
     live, restarted = live_and_restarted(root, "sliding", 23)
     assert restarted == live
-    path = Archive(root).thread_file(LOCAL)
+    with Archive(root) as archive:
+        path = archive.thread_file(LOCAL)
     if edit == "edited":
         edit_last_checkpoint(path, "oldest", "-")     # trusted: the newest turn alone
     else:
         text = path.read_text()
         line = re.findall(r":CHECKPOINT: (.*)", text)[-1]
-        signed = re.sub(r" (oldest|smalltalk)=\S*", "", line.rpartition(" sum=")[0])
+        signed = re.sub(r" (oldest|smalltalk|above|unpinned)=\S*", "",
+                        line.rpartition(" sum=")[0])
         older = f"{signed} sum={zlib.crc32(signed.encode()):08x}"
         path.write_text(text.replace(line, older))
         assert parse_checkpoint(older) is None
