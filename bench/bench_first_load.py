@@ -5,8 +5,8 @@
 
 The thread file is written directly in the archive's org format, as
 `Conversations.record_turn` writes it (one write per turn: the user message
-and the reply, the reply carrying TOKENS_IN/OUT, TURN and the checkpoint),
-and indexed once.  Then a fresh `Conversations` opens the thread, several
+and the reply, the reply carrying TOKENS_IN/OUT, TURN and the checkpoint, which
+says the working context starts CONTEXT_TURNS turns back), and indexed once.  Then a fresh `Conversations` opens the thread, several
 times over: the figure is the p50 of that first open (thread log, session,
 working context).  Target: < 0.3 s at 100k turns, flat with the length.
 For comparison the whole replay (`ThreadLog.load`, what every open did
@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from opencortex.conversation.checkpoint import CHECKPOINT, Checkpoint
+from opencortex.conversation.checkpoint import CHECKPOINT, Checkpoint, ContextMark
 from opencortex.conversation.conversations import Conversations
 from opencortex.conversation.settings import ConversationSettings
 from opencortex.conversation.threadlog import ThreadLog
@@ -35,13 +35,16 @@ from opencortex.memory.orgformat import Part, render_entry, render_header
 THREAD = Thread("cli", "bench")
 RUNS = 5
 START = 1.7e9
+CONTEXT_TURNS = 150     # about what the default budget's context holds of these turns
 
 
-def turn_records(number: int, parent: str | None, first: str | None
+def turn_records(number: int, parent: str | None, first: str | None, oldest: str | None
                  ) -> tuple[MessageRecord, MessageRecord]:
-    """Turn NUMBER (1-based) after message PARENT, as record_turn would have written it."""
+    """Turn NUMBER (1-based) after message PARENT, as record_turn would have written it
+    (the context starting at message OLDEST)."""
     state = Checkpoint(head=parent, branch="main", turns=number - 1, tokens=(number - 1) * 120,
-                       seen=parent, first=first, strategy=None, pins=frozenset())
+                       seen=parent, first=first, strategy=None, pins=frozenset(),
+                       context=ContextMark(oldest=oldest))
     question = MessageRecord(
         id=str(uuid.uuid4()), role="user", channel=THREAD.channel, chat_id=THREAD.chat_id,
         text=f"question {number}: how does the kernel keep the plist archive and branch budget?",
@@ -64,7 +67,9 @@ def build(root: Path, turns: int) -> None:
     chunks = [render_header(THREAD).encode("utf-8")]
     offset, entries, parent, first = len(chunks[0]), [], None, None
     for number in range(1, turns + 1):
-        for part, record in enumerate(turn_records(number, parent, first), start=1):
+        back = 2 * min(CONTEXT_TURNS, number - 1)
+        oldest = entries[-back][1].id if back else None
+        for part, record in enumerate(turn_records(number, parent, first, oldest), start=1):
             data = render_entry(record, Part(part, 2)).encode("utf-8")
             entries.append((offset, record))
             chunks.append(data)

@@ -215,6 +215,38 @@ def test_recall_leaves_out_function_words_and_control_records(archive):
     assert "searched for: nothing" in Recall(archive, {}).explain(CLI, "what is it?")
 
 
+def test_a_word_joined_by_a_slash_or_colon_finds_its_parts_after_the_whole(archive):
+    """"TCP/IP" was searched only as the phrase "tcp ip": a message saying "TCP" alone
+    was never recalled.  The whole comes first (it matches the parts too), then a
+    message naming one part; numbers, function words and a link's scheme are no parts
+    ("10:30" does not recall every "10", "and/or" every "and")."""
+    archive.append([say(text, CLI, timestamp=1.7e9 + n) for n, text in enumerate((
+        "the TCP/IP stack was rewritten in the spring",
+        "TCP handshakes time out behind the VPN",
+        "dinner is at 10 and the film starts 30 minutes later",
+        "the standup moved to 10:30",
+        "either or, the choice is yours",
+        "the client/server split goes into kernel/opencortex/memory",
+        "https links and more links"))])
+    recall = Recall(archive, {})
+
+    def texts(question: str) -> list[str]:
+        return [e.text.split("] ", 1)[1] for e in recall.recall(EMACS, question, k=5)]
+
+    assert texts("what about the TCP/IP thing?") == [
+        "the TCP/IP stack was rewritten in the spring", "TCP handshakes time out behind the VPN"]
+    assert texts("when is the 10:30 meeting?") == ["the standup moved to 10:30"]
+    assert texts("either/or?") == ["either or, the choice is yours"]
+    assert texts("and/or") == []
+    assert texts("where does the server code live?") == [
+        "the client/server split goes into kernel/opencortex/memory"]
+    assert texts("what is in https://example.org/memory?") == [
+        "the client/server split goes into kernel/opencortex/memory"]
+    assert recall_query("the TCP/IP thing, at 10:30 and/or https://x.org/a/b/c/d/e") == (
+        "TCP/IP TCP IP thing, 10:30 and/or https://x.org/a/b/c/d/e x.org")
+    assert "searched for: TCP/IP TCP IP thing?" in recall.explain(EMACS, "the TCP/IP thing?")
+
+
 def test_long_recalled_messages_are_cut(archive):
     archive.append([say("marker " + "x" * 5000, CLI)])
     [entry] = Recall(archive, {}, max_chars=100).recall(CLI, "marker")

@@ -474,6 +474,16 @@ def test_explain_names_only_the_words_matched_not_brackets_of_the_text(archive):
     ("seven days ago", "2026-11-12", "2026-11-15"),
     ("since 2024", "2024-01-01", "2026-11-21"),
     ("since March", "2026-03-01", "2026-11-21"),
+    ("on Wednesday", "2026-11-18", "2026-11-19"),
+    ("last Wednesday", "2026-11-18", "2026-11-19"),
+    ("Wednesday morning", "2026-11-18", "2026-11-19"),
+    ("what did we do wednesday?", "2026-11-18", "2026-11-19"),
+    ("What did we do Wednesday? Bob forgot", "2026-11-18", "2026-11-19"),
+    ("Wednesday Morning Standup", "2026-11-18", "2026-11-19"),
+    ("Wednesday I went to the gym", "2026-11-18", "2026-11-19"),
+    ("Wednesday, Alice said", "2026-11-18", "2026-11-19"),
+    ("On Wednesday Alice said", "2026-11-18", "2026-11-19"),
+    ("Wednesday November 18", "2026-11-18", "2026-11-19"),
 ])
 def test_date_expressions_become_windows(question, start, end):
     now = datetime(2026, 11, 20, 15, 0).timestamp()          # a Friday
@@ -498,6 +508,28 @@ def test_a_month_word_alone_is_a_name_not_a_date(question):
     month: it is searched for, and no period is."""
     hint = date_hint(question, datetime(2026, 11, 20).timestamp())
     assert hint.window is None and hint.text == question
+
+
+@pytest.mark.parametrize("question", [
+    "What did Wednesday Addams say?", "Wednesday Addams", "Tuesday Weld starred in it",
+    "is Friday Harbor far?"])
+def test_a_weekday_alone_before_a_name_is_a_name_not_a_date(question):
+    """A weekday word alone followed by a capitalised word that is not a date word
+    ("Wednesday Addams") was taken for last Wednesday: the period was searched first
+    and the name's first word was not searched for at all."""
+    hint = date_hint(question, datetime(2026, 11, 20).timestamp())
+    assert hint.window is None and hint.text == question
+
+
+def test_a_name_that_starts_with_a_weekday_is_recalled_by_it(archive):
+    now = time.time()
+    last_wednesday = (date.today().weekday() - 2) % 7 or 7
+    archive.append([say(text, CLI, timestamp=now - days * DAY) for text, days in (
+        ("Wednesday Addams dances alone in the school hall", 200),
+        ("Addams family reunion photos are in the shared album", 150),
+        ("we repainted the kitchen", last_wednesday))])
+    [best, *_] = Recall(archive, {}).recall(EMACS, "What does Wednesday Addams do?", k=3)
+    assert "dances alone" in best.text
 
 
 @pytest.mark.parametrize("question", [

@@ -13,6 +13,8 @@ U + (threshold - target) * budget.  Normally U <= target, so that is simply
 entries too large) compresses once per band of new tokens, not on every add.
 Unpinning or changing the strategy lifts the wait (there may be room now).
 Every compression returns a `CompressionReport` saying what was folded.
+`mark` says where the context starts on its branch, for the checkpoint a turn
+writes: a restart restores exactly these entries (see `restoredcontext`).
 
 Nothing here reads the archive: the caller builds the entries (from the
 thread log, recall, the persona) and adds them.  Logs carry counts and ids,
@@ -26,6 +28,7 @@ import logging
 from collections.abc import KeysView
 from typing import Literal
 
+from opencortex.conversation.checkpoint import ContextMark
 from opencortex.conversation.compression import (
     STRATEGIES, CompressionReport, Similarity, Summarizer, context_text, extractive_summarizer,
     fold)
@@ -71,6 +74,8 @@ class WorkingContext:
         self._ids: tuple[list[Entry], int, dict[str, None], dict[str, None]] | None = None
         self.last_report: CompressionReport | None = None
         self.compressions = 0
+        self._smalltalk_gone: Entry | None = None   # the newest small talk compression let go
+        self._unpinned: set[str] = set()            # messages unpinned in place, maybe gone
         self._used = 0
         # Hysteresis: after a compression ending at U tokens, `add` compresses again only
         # above U + (threshold - target) * budget (normally that is just "above the threshold").
@@ -200,11 +205,47 @@ class WorkingContext:
         self.last_report = report
         if changed:
             self.compressions += 1
+        self.note_smalltalk_gone(dropped)
         self._rearm_above = self._used + self._band
         log.info("context compressed by %s: %d -> %d tokens, %d dropped, %d summarised",
                  self.strategy, before_tokens, self._used, len(report.dropped),
                  len(report.summarized))
         return report
+
+    def note_smalltalk_gone(self, dropped: list[Entry]) -> None:
+        """Remember the newest small-talk message of DROPPED (oldest first), unless one of
+        a later turn went before (an entry unpinned since may be older)."""
+        messages = [entry for entry in dropped if entry.kind == "message"]
+        newest = self._smalltalk_gone
+        if messages and (newest is None or messages[-1].turn >= newest.turn):
+            self._smalltalk_gone = messages[-1]
+
+    def mark(self) -> ContextMark:
+        """Where this context starts on its branch (see `ContextMark`): its oldest message
+        neither pinned nor unpinned in place, the newest small talk compression let go,
+        the tokens to pass before compressing again, and the messages unpinned in place.
+        From that oldest message on, every REQUIRED message of the branch is here
+        (compressions fold the oldest first), and so is every DROPPABLE one after that
+        small talk (they go oldest first)."""
+        if self._unpinned:
+            self._unpinned.intersection_update(
+                entry.id for entry in self.entries if entry.retention != "PRESERVED")
+        oldest = next((entry.id for entry in self.entries if entry.kind == "message" and
+                       entry.retention != "PRESERVED" and entry.id not in self._unpinned), None)
+        gone = self._smalltalk_gone
+        return ContextMark(oldest=oldest, smalltalk=gone.id if gone is not None else None,
+                           above=self._rearm_above if self._rearm_above >= 0 else None,
+                           unpinned=frozenset(self._unpinned))
+
+    def resume(self, mark: ContextMark, smalltalk_gone: Entry | None) -> None:
+        """Continue, empty still, from a checkpoint's MARK: the newest small talk let go
+        was SMALLTALK_GONE (the message it names), it compresses again only above the
+        tokens it says, and the messages it names as unpinned in place are that still."""
+        if smalltalk_gone is not None:
+            self.note_smalltalk_gone([smalltalk_gone])
+        if mark.above is not None:
+            self._rearm_above = mark.above
+        self._unpinned.update(mark.unpinned)
 
     def _protected(self) -> list[bool]:
         """True for entries no compression may touch: PRESERVED ones and the newest turn.
@@ -263,6 +304,7 @@ class WorkingContext:
         changed = self._set_retention(entry_id, natural)
         if changed:
             self._rearm_above = -1  # the room compression may use changed
+            self._unpinned.add(entry_id)
         return changed
 
     def _set_retention(self, entry_id: str, new) -> bool:

@@ -3,9 +3,11 @@
 Everything here is rebuilt from the org archive on first use after a start:
 the thread log resumes from the tail of the thread's file (see `resume`; the
 whole thread is replayed only when the tail cannot tell); the working context
-is filled from the newest messages of the current branch (plus pinned ones),
-so its cost follows the budget, not the length of the thread.  After that
-each turn only appends, with a checkpoint for the next start.
+is filled as the newest checkpoint says it was (see `restoredcontext`), or
+from the newest messages of the current branch (plus pinned ones), so its cost
+follows the budget, not the length of the thread.  After that each turn only
+appends, with a checkpoint for the next start that says where the context
+started.
 
 The event loop does not wait for the disk: opening a thread (reading its
 file's tail) and recall (the index query) run in reading threads, and a turn
@@ -35,7 +37,8 @@ from opencortex.conversation.recall import Recall, owner_of
 from opencortex.conversation.saved import SavedSessions
 from opencortex.conversation.session import Session
 from opencortex.conversation.settings import ConversationSettings
-from opencortex.conversation.storedsummaries import restored_entry, summary_message
+from opencortex.conversation.restoredcontext import fill, restored
+from opencortex.conversation.storedsummaries import summary_message
 from opencortex.conversation.threadlog import ThreadLog
 from opencortex.events import Thread
 from opencortex.memory import Archive, ArchiveError, MessageRecord, NewMessage
@@ -49,7 +52,6 @@ WINDOW_MESSAGES = 400  # newest messages of a branch read into a fresh context, 
 OPEN_CONVERSATIONS = 256  # kept in memory; the least recently used idle one is let go
 READERS = 2   # threads that read the archive for recall and opening (SQLite runs without
               # the GIL; more threads would only make the loop wait longer for it)
-SUMMARIZING = ("summarize", "galois")   # strategies whose summaries are kept and restored
 
 
 def checkpoint_threads(archive: Archive, threads: Iterable[Thread]) -> int:
@@ -183,50 +185,14 @@ class Conversations:
         context = self._new_context()
         context.set_strategy(strategy)
         # Off the loop: a pin or summary older than the tail makes the log read whole.
-        summary, window, pinned = await self.read(self._restored, conversation.log, strategy)
+        found = await self.read(restored, conversation.log, strategy, WINDOW_MESSAGES)
         conversation.context = context
-        conversation.kept_summaries.update(entry.id for entry in summary)
-        start = summary[0].turn if summary else 0    # where the summary's turns start
-        entries = [e for e in pinned if e.turn < start] + summary + \
-            [e for e in pinned if e.turn >= start] + window
-        entries = [e for e in entries if e.kind == "summary" or
+        conversation.kept_summaries.update(entry.id for entry in found.summary)
+        entries = [e for e in found.entries() if e.kind == "summary" or
                    shown_to_model(e.role, e.turn_type)]
-        report = await context.add(*entries) if entries else None
+        report = await fill(context, found, entries, configured=self.settings.strategy)
         await self._keep_summaries(conversation)
         return report
-
-    @staticmethod
-    def _restored(log: ThreadLog, strategy: str
-                  ) -> tuple[list[Entry], list[Entry], list[Entry]]:
-        """([the newest kept summary of the branch], the messages after it, the pinned
-        messages before them and those the summary left out as pinned then), or ([],
-        the newest messages, the pinned ones before them) when there is no summary or
-        the strategy makes none."""
-        summary, window, kept = Conversations._summary_and_window(log, strategy)
-        in_window = {entry.id for entry in window}
-        return summary, window, log.entries_of((log.pins() | kept) - in_window)
-
-    @staticmethod
-    def _summary_and_window(log: ThreadLog, strategy: str
-                            ) -> tuple[list[Entry], list[Entry], set[str]]:
-        """`_restored`'s summary and window, and the ids the summary left out."""
-        if strategy in SUMMARIZING:
-            near = next(((summary, after) for summary in log.summaries() if (
-                after := log.position(summary.last, within=WINDOW_MESSAGES + 1)) is not None),
-                None)
-            if near is None and (summary := log.branch_summary()) is not None:
-                # More messages followed it than a start reads: the log was made whole.
-                near = (summary, log.position(summary.last, within=len(log)))
-            if near is not None and near[1] is not None:
-                summary, after = near
-                left_out = log.pins() | set(summary.kept)
-                covered = log.recent_ids(after + 1 + WINDOW_MESSAGES)
-                covered = covered[:len(covered) - after]
-                if summary.first in covered:
-                    covered = covered[covered.index(summary.first):]
-                entry = restored_entry(summary, tuple(i for i in covered if i not in left_out))
-                return [entry], log.entries(limit=after) if after else [], set(summary.kept)
-        return [], log.entries(limit=WINDOW_MESSAGES), set()
 
     async def _keep_summaries(self, conversation: Conversation) -> None:
         """Archive the summaries the context made since the last call (never fatal)."""
@@ -292,7 +258,8 @@ class Conversations:
                  "TURN": str(conversation.log.turn_count() + 1)}
         batch = [m.model_copy(update={"extra": {**m.extra, **extra}}) if m.role != "user" else m
                  for m in messages]
-        records = await conversation.log.append_turn_async(batch, checkpoint=True)
+        records = await conversation.log.append_turn_async(
+            batch, checkpoint=True, context=conversation.context.mark())
         turn = conversation.log.turn_count()
         if pin:                         # control records: written off the loop too
             await self.read(lambda: [conversation.log.pin(record.id) for record in records])

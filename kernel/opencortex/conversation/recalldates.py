@@ -5,7 +5,9 @@
 March", "2026-03-14", "a few days ago", "on Monday", "since 2024",
 "recently", "in 2025") and gives back its window (start, end epoch
 seconds, local time) with the question stripped of it, so that words like
-"week" or "March" do not have to match the text of a message.  Words asking
+"week" or "March" do not have to match the text of a message.  A month or
+weekday word that reads as a name ("What did June say?", "Wednesday Addams")
+is no date.  Words asking
 for the present state ("now", "currently", "these days", "still") set
 `recent`: newer matches should win over older ones (a fact that changed).
 "When ..." questions need no window: every recalled memory shows its date.
@@ -27,6 +29,12 @@ _UNITS = {"day": 1, "week": 7, "month": 30, "year": 365}
 _BEFORE_MONTH = ("in", "during", "on", "since", "for", "of", "until", "till", "by", "before",
                  "after", "early", "late", "mid", "last", "this")
 _BEFORE_MAY = ("in", "during", "since", "early", "late", "mid", "last")   # "this may be"
+# Capitalised words that may follow a weekday in a date ("Wednesday Morning", "Friday
+# March 6", "Monday I left"); any other makes a weekday alone a name ("Wednesday Addams").
+_AFTER_WEEKDAY = frozenset(["morning", "afternoon", "evening", "night", "noon", "midnight",
+                            "lunch", "am", "pm", "i", "i'm", "i'd", "i'll", "i've", "sept"]
+                           + MONTHS + [m[:3] for m in MONTHS] + WEEKDAYS)
+_NEXT_WORD = re.compile(r"[^\S\n]+(?P<word>[^\W\d_][\w'’]*)")
 _PATTERNS = [
     ("iso", re.compile(r"\b(?P<y>\d{4})-(?P<m>\d{1,2})-(?P<d>\d{1,2})\b")),
     ("ago", re.compile(r"\b(?P<n>\d+|a\s+couple\s+of|(?:a\s+)?few|several|a|an|one|two|"
@@ -35,8 +43,8 @@ _PATTERNS = [
     ("relative", re.compile(r"\b(?P<which>last|this|past)\s+(?P<unit>week|month|year)\b", re.I)),
     ("day", re.compile(r"\b(?P<word>(?:the\s+)?day\s+before\s+yesterday|yesterday|today|"
                        r"tonight|this\s+(?:morning|afternoon|evening)|last\s+night)\b", re.I)),
-    ("weekday", re.compile(r"\b(?:(?:last|on|this|past)\s+)?(?P<weekday>" + "|".join(WEEKDAYS)
-                           + r")\b", re.I)),
+    ("weekday", re.compile(r"\b(?:(?P<pre>last|on|this|past)\s+)?(?P<weekday>"
+                           + "|".join(WEEKDAYS) + r")\b", re.I)),
     ("recently", re.compile(r"\b(?:recently|lately)\b", re.I)),
     ("month", re.compile(r"\b(?:(?P<pre>" + "|".join(_BEFORE_MONTH) + r")\s+)?"
                          r"(?:(?:the\s+)?(?P<d0>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?)?"
@@ -138,11 +146,25 @@ def _pre(found: re.Match) -> str:
 
 def _is_date(kind: str, found: re.Match) -> bool:
     """Whether FOUND names a date: a month word does with a day, a year or a word such
-    as "in" before it ("may" only after "in", "since" and the like: mostly a verb)."""
+    as "in" before it ("may" only after "in", "since" and the like: mostly a verb); a
+    weekday does unless, alone, a capitalised word other than a date word follows it
+    (a name: "Wednesday Addams")."""
+    if kind == "weekday":
+        return bool(_pre(found)) or not _name_follows(found)
     if kind != "month" or found["d"] or found["d0"] or found["y"]:
         return True
     before = _BEFORE_MAY if found["month"].lower() == "may" else _BEFORE_MONTH
     return _pre(found) in before
+
+
+def _name_follows(found: re.Match) -> bool:
+    """Whether the word right after FOUND (spaces between only) is capitalised and no
+    date word ("Addams" is, "Morning", "March" and "I" are not)."""
+    after = _NEXT_WORD.match(found.string, found.end())
+    if after is None:
+        return False
+    word = after["word"]
+    return word[0].isupper() and word.casefold().replace("’", "'") not in _AFTER_WEEKDAY
 
 
 def date_hint(question: str, now: float) -> DateHint:

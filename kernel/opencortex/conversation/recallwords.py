@@ -2,7 +2,12 @@
 
 Function words ("the", "what", "did") match almost every message and would
 recall noise, so a question is searched by its other words (`recall_query`);
-one made only of them names nothing to match.  A text asks something when it
+one made only of them names nothing to match.  Words joined by ":" or "/"
+("TCP/IP", "client:server", "memory/query.py") are searched as written (the
+index reads them as one phrase: "TCP/IP" finds "TCP/IP" and "TCP IP") and by
+their parts too, so that a message naming one of them is found after those
+naming both; numbers ("10:30"), function words ("and/or") and a link's scheme
+("https:") are no parts worth matching.  A text asks something when it
 ends with a question mark, whatever script or emoji follows (`asks`), or
 opens with a question word (`is_question`).
 """
@@ -16,13 +21,16 @@ from opencortex.memory.query import bare_word
 # Function words, left out of a recall query.
 _STOPWORDS = frozenset("""
 a about above after again all also am an and any are as at be because been before being
-below between both but by can could did do does doing done down during each few for from
-further had has have having he her here hers him his how i if in into is it its itself just
-let like me more most my no nor not now of off on once only or other our ours out over own
-please same she should so some such than that the their theirs them then there these they
-this those through to too under until up very was we were what when where which while who
-whom why will with would you your yours
+below between both but by can could did do does doing done down during each either few
+for from further had has have having he her here hers him his how i if in into is it its
+itself just let like me more most my neither no nor not now of off on once only or other
+our ours out over own please same she should so some such than that the their theirs
+them then there these they this those through to too under until up very was we were
+what when where which while who whom why will with would you your yours
 """.split())
+_JOINED = re.compile(r"[:/]")
+_LINK_WORDS = frozenset("http https ftp file mailto www".split())
+MAX_PARTS = 4                # parts of one joined word searched, at most (the last ones)
 QUESTION_MARKS = ("?", "\uff1f", "\u061f")   # ?, the fullwidth ？ and the Arabic ؟
 _ASKS = re.compile("[" + "".join(QUESTION_MARKS) + r"]\W*\Z")
 _QUESTION_WORDS = frozenset("""what when where which who whom whose why how did does do is are
@@ -31,9 +39,28 @@ was were can could will would should has have had""".split())
 
 def recall_query(text: str) -> str:
     """The words of TEXT worth searching for: without function words and marks standing
-    alone ("" when that is all: "what did we do?" names nothing to match)."""
-    return " ".join(w for w in text.split()
-                    if (bare := bare_word(w).casefold()) and bare not in _STOPWORDS)
+    alone ("" when that is all: "what did we do?" names nothing to match), a word
+    joined by ":" or "/" followed by its parts worth matching ("TCP/IP" -> "TCP/IP TCP
+    IP")."""
+    words: list[str] = []
+    for word in text.split():
+        bare = bare_word(word)
+        if bare and bare.casefold() not in _STOPWORDS:
+            words.append(word)
+            words += joined_parts(bare)
+    return " ".join(words)
+
+
+def joined_parts(word: str) -> list[str]:
+    """The parts of WORD joined by ":" or "/" worth matching on their own ("TCP/IP" ->
+    TCP, IP): two characters or more with a letter, no function word or link scheme;
+    the last MAX_PARTS of them (a path ends with its most telling part)."""
+    if not _JOINED.search(word):
+        return []
+    parts = (bare_word(part) for part in _JOINED.split(word))
+    kept = [part for part in parts if len(part) > 1 and any(c.isalpha() for c in part)
+            and part.casefold() not in _STOPWORDS and part.casefold() not in _LINK_WORDS]
+    return list(dict.fromkeys(kept))[-MAX_PARTS:]
 
 
 def searched_words(question: str, undated: str) -> str:

@@ -9,7 +9,9 @@ thread, off the event loop), which apply the records only once they are
 durable, and check that the entry just before the write is the last one this
 log knew of: if not, another process wrote to the thread, and this log writes
 no more checkpoints (a resume would otherwise trust a view that is not the
-file's).  Summary records are written and kept here too.
+file's).  Summary records are written and kept here too, and so is the newest
+checkpoint of the current branch, which says where the working context started
+(`newest_checkpoint`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import asyncio
 from collections.abc import Sequence
 from functools import partial
 
-from opencortex.conversation.branches import control_message, is_control
-from opencortex.conversation.checkpoint import CHECKPOINT, Checkpoint
-from opencortex.conversation.resume import Tail, predecessor, read_tail
+from opencortex.conversation.branches import CONTROL, control_message, is_control
+from opencortex.conversation.checkpoint import (CHECKPOINT, Checkpoint, ContextMark,
+                                                parse_checkpoint)
+from opencortex.conversation.resume import AFTER_CHECKPOINT, Tail, predecessor, read_tail
 from opencortex.conversation.storedsummaries import StoredSummary, is_summary, stored_summary
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, NewMessage
@@ -170,16 +173,31 @@ class Resumable:
             self._complete()
         return next((s for s in self._summaries if s.record_id == wanted), None)
 
-    def checkpoint(self) -> dict[str, str]:
+    def checkpoint(self, context: ContextMark | None = None) -> dict[str, str]:
         """The `:CHECKPOINT:` extra property for the next write ({} for a log of working
-        memory, or one that saw another process write)."""
+        memory, or one that saw another process write); CONTEXT says where the working
+        context started (None: not known)."""
         if self._file is None or self._stale:
             return {}
         return {CHECKPOINT: Checkpoint(
             head=self.head, branch=self.branch, turns=self.turn_count(),
             tokens=self._head_tokens, seen=self._last_seen, first=self._first_message,
             strategy=self.strategy, pins=frozenset(self._state.pins),
-            summary=self._newest_summary.get(self.branch)).render()}
+            summary=self._newest_summary.get(self.branch), context=context).render()}
+
+    def _note_checkpoint(self, record: MessageRecord) -> None:
+        """Keep RECORD, applied in file order, when it carries a checkpoint; a change of
+        branch or head since the newest one makes it another branch's (forgotten)."""
+        if CHECKPOINT in record.extra:
+            self._checkpointed = record
+        elif is_control(record) and record.extra.get(CONTROL) not in AFTER_CHECKPOINT:
+            self._checkpointed = None
+
+    def newest_checkpoint(self) -> Checkpoint | None:
+        """The newest checkpoint written on the current branch with nothing but turns, pins,
+        strategies and summaries after it; None when there is none, or it was edited."""
+        record = self._checkpointed
+        return parse_checkpoint(record.extra[CHECKPOINT]) if record is not None else None
 
     def write_checkpoint(self) -> MessageRecord | None:
         """Archive a checkpoint control record (a write of its own) so the next start

@@ -33,6 +33,7 @@ from typing import Any
 
 from opencortex.conversation.branches import BranchState, is_control
 from opencortex.conversation.branchops import BranchOps
+from opencortex.conversation.checkpoint import ContextMark
 from opencortex.conversation.entries import Entry, default_retention
 from opencortex.conversation.resumable import Resumable
 from opencortex.conversation.storedsummaries import StoredSummary
@@ -77,6 +78,7 @@ class ThreadLog(Resumable, BranchOps):
         self._off_path: set[str] = set()                 # partial: loaded, known off the branch
         self._stale = False                              # another writer was noticed
         self._in_flight: tuple | None = None             # (future, apply) of a pending write
+        self._checkpointed: MessageRecord | None = None  # carries the newest checkpoint
         self._file = archive.thread_file(self.thread) if isinstance(archive, Archive) else None
 
     @classmethod
@@ -95,6 +97,7 @@ class ThreadLog(Resumable, BranchOps):
         if record.id in self._records or record.id in self._controls:
             return
         self._last_seen = record.id
+        self._note_checkpoint(record)
         if is_control(record):
             self._controls.add(record.id)
             if not self._keep_summary(record):
@@ -329,23 +332,26 @@ class ThreadLog(Resumable, BranchOps):
 
     # -- writing ----------------------------------------------------------
 
-    def append_turn(self, messages: Sequence[NewMessage], *,
-                    checkpoint: bool = False) -> list[MessageRecord]:
+    def append_turn(self, messages: Sequence[NewMessage], *, checkpoint: bool = False,
+                    context: ContextMark | None = None) -> list[MessageRecord]:
         """Archive MESSAGES (one turn) after the head in one write; the head moves to the last.
 
         With CHECKPOINT, the last reply of the turn carries the log's state before
-        the write (see `checkpoint`), so a restart can resume from the file's tail.
+        the write (see `checkpoint`), and CONTEXT where the working context started
+        then, so a restart can resume from the file's tail with the same context.
         """
-        return self._write(self._chained(messages, checkpoint))
+        return self._write(self._chained(messages, checkpoint, context))
 
     async def append_turn_async(self, messages: Sequence[NewMessage], *,
-                                checkpoint: bool = False) -> list[MessageRecord]:
+                                checkpoint: bool = False,
+                                context: ContextMark | None = None) -> list[MessageRecord]:
         """`append_turn` written by the archive's writer thread, in a group commit: the
         log takes the records (and the head moves) once they are durable."""
         await self._landed()
-        return await self._write_async(self._chained(messages, checkpoint))
+        return await self._write_async(self._chained(messages, checkpoint, context))
 
-    def _chained(self, messages: Sequence[NewMessage], checkpoint: bool) -> list[NewMessage]:
+    def _chained(self, messages: Sequence[NewMessage], checkpoint: bool,
+                 context: ContextMark | None) -> list[NewMessage]:
         """MESSAGES checked and linked after the head, the checkpoint on the last reply."""
         batch = list(messages)
         if not batch:
@@ -360,7 +366,7 @@ class ThreadLog(Resumable, BranchOps):
         chained = [batch[0].model_copy(update={"parent": self.head})]
         chained += [m.model_copy(update={"parent": "auto"}) for m in batch[1:]]
         replies = [i for i, m in enumerate(chained) if m.role != "user"]
-        state = self.checkpoint() if checkpoint and replies else {}
+        state = self.checkpoint(context) if checkpoint and replies else {}
         if state:
             last = chained[replies[-1]]
             chained[replies[-1]] = last.model_copy(update={"extra": {**last.extra, **state}})
