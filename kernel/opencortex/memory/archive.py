@@ -297,6 +297,24 @@ class Archive(ArchiveQueries, IndexUpkeep):
                 self._catch_up_file(path)
             return self._index.thread_records(thread)
 
+    def records_before(self, thread: Thread, before: int | None, limit: int
+                       ) -> list[tuple[int, MessageRecord]]:
+        """(offset in its file, record) of the LIMIT messages of THREAD just before file
+        offset BEFORE, newest first: a thread paged through from its end, never held
+        whole.  BEFORE None starts at the end, the index first brought up to date."""
+        thread = check_thread(thread)
+        path = self.thread_file(thread)
+        with self._lock:
+            if before is None and path.exists():
+                self._catch_up_file(path)
+            return self._index.records_before(thread, before, check_limit(limit))
+
+    def first_message_id(self, thread: Thread) -> str | None:
+        """The id of THREAD's first conversation message, control records aside (None:
+        it has none), from the index."""
+        with self._lock:
+            return self._index.first_message_id(check_thread(thread))
+
     def _reading(self) -> AbstractContextManager[MessageIndex]:
         """The index a search reads (see `readers.searching`)."""
         return searching(self._index, self._lock, self._readers)
