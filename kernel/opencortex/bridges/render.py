@@ -10,7 +10,8 @@ other character is HTML-escaped, and control characters are made visible
 (`opencortex.untrusted.visible`), so a reply can never inject markup.
 
 `plain` is the fallback when a platform refuses the formatting: the org text
-itself, made visible, which reads fine as plain text.
+itself, made visible, which reads fine as plain text.  `shown_text` is what a
+reader sees of the formatted text (how an export of the chat keeps a reply).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _TAGS = {"*": "b", "/": "i", "_": "u", "+": "s", "=": "code", "~": "code"}
 SAFE_SCHEMES = ("http://", "https://", "mailto:")
 # Link text that names an address ("https://bank.example", "www.bank.example",
 # "bank.example/login") could hide where the link goes: the address is shown beside it.
+_TAG = re.compile(r"<[^>]*>")     # markup of our own: the text's "<" is escaped
 _NAMES_AN_ADDRESS = re.compile(r"(?i)[a-z][a-z0-9+.-]*:/*[^\s/]|www\.|[a-z0-9-]\.[a-z]{2,}\b")
 
 
@@ -106,6 +108,12 @@ def _block(kind: str, language: str, body: list[str]) -> str:
     if kind in ("src", "fence") and re.fullmatch(r"[\w+#.-]{1,32}", language):
         return f'<pre><code class="language-{language}">{escaped}</code></pre>'
     return f"<pre>{escaped}</pre>"
+
+
+def shown_text(text: str) -> str:
+    """What a person reads of TEXT sent formatted (`to_html`), as a chat export keeps
+    it: the characters without the markup."""
+    return html.unescape(_TAG.sub("", to_html(text)))
 
 
 def plain(text: str) -> str:

@@ -39,6 +39,10 @@ import zlib
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
+from opencortex.conversation.branches import control_message
+from opencortex.events import Thread
+from opencortex.memory import NewMessage
+
 CHECKPOINT = "CHECKPOINT"
 _FIELD = re.compile(r"([a-z]+)=(\S*)")
 _FIELDS = ("head", "branch", "turns", "tokens", "seen", "first", "strategy", "pins", "summary",
@@ -131,3 +135,13 @@ def parse_checkpoint(value: str) -> Checkpoint | None:
                       strategy=fields["strategy"] or None,
                       pins=_ids(fields["pins"]),
                       summary=fields["summary"] or None, context=context)
+
+
+def checkpoint_message(thread: Thread, checkpoint: Checkpoint) -> NewMessage:
+    """The control record (a write of its own) that ends THREAD, filled by other means
+    than turns (`memory import`), with CHECKPOINT, so a start resumes from there."""
+    message = control_message(
+        thread, "checkpoint", target=checkpoint.head, branch=checkpoint.branch,
+        text=f"Checkpoint after {checkpoint.turns} turns (a restart resumes here)")
+    return message.model_copy(update={"extra": {**message.extra,
+                                                CHECKPOINT: checkpoint.render()}})

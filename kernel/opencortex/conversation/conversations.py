@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Collection, Iterable, Sequence
 
+from opencortex.conversation.checkpoint import checkpoint_message
+from opencortex.conversation.checkpointscan import scan_checkpoint
 from opencortex.conversation.compression import CompressionReport
 from opencortex.conversation.context import WorkingContext
 from opencortex.conversation.entries import Entry, count_tokens, default_retention
@@ -57,11 +59,19 @@ READERS = 2   # threads that read the archive for recall and opening (SQLite run
 def checkpoint_threads(archive: Archive, threads: Iterable[Thread]) -> int:
     """Write a checkpoint at the end of each of THREADS (filled by other means, such as
     `memory import`), so that a start resumes each from its file's tail instead of
-    reading it whole; how many were written.  Each is opened as a start would (read
-    whole once, here, when it has no checkpoint yet).  A thread whose branch fits in
-    the window a start reads gets none: it is read whole at no cost."""
+    reading it whole; how many were written.  Each checkpoint is worked out by counting
+    (`scan_checkpoint`: memory does not grow with the thread), or, when counts cannot
+    tell (its branches changed since its last checkpoint), by opening the thread as a
+    start would.  A thread whose branch fits in the window a start reads gets none:
+    it is read whole at no cost."""
     written = 0
     for thread in threads:
+        scanned = scan_checkpoint(archive, thread)
+        if scanned is not None and (scanned.exact or scanned.messages > WINDOW_MESSAGES):
+            if scanned.messages > WINDOW_MESSAGES:
+                archive.append([checkpoint_message(thread, scanned.checkpoint)])
+                written += 1
+            continue
         log = ThreadLog.resume(archive, thread, window=WINDOW_MESSAGES)
         if len(log.entries(limit=WINDOW_MESSAGES + 1)) > WINDOW_MESSAGES:
             written += log.write_checkpoint() is not None

@@ -20,9 +20,9 @@ import asyncio
 from collections.abc import Sequence
 from functools import partial
 
-from opencortex.conversation.branches import CONTROL, control_message, is_control
+from opencortex.conversation.branches import CONTROL, is_control
 from opencortex.conversation.checkpoint import (CHECKPOINT, Checkpoint, ContextMark,
-                                                parse_checkpoint)
+                                                checkpoint_message, parse_checkpoint)
 from opencortex.conversation.resume import AFTER_CHECKPOINT, Tail, predecessor, read_tail
 from opencortex.conversation.storedsummaries import StoredSummary, is_summary, stored_summary
 from opencortex.events import Thread
@@ -177,13 +177,19 @@ class Resumable:
         """The `:CHECKPOINT:` extra property for the next write ({} for a log of working
         memory, or one that saw another process write); CONTEXT says where the working
         context started (None: not known)."""
+        state = self._checkpoint_state(context)
+        return {} if state is None else {CHECKPOINT: state.render()}
+
+    def _checkpoint_state(self, context: ContextMark | None = None) -> Checkpoint | None:
+        """The log's state as a checkpoint records it, CONTEXT where the working context
+        started (None: see `checkpoint`)."""
         if self._file is None or self._stale:
-            return {}
-        return {CHECKPOINT: Checkpoint(
+            return None
+        return Checkpoint(
             head=self.head, branch=self.branch, turns=self.turn_count(),
             tokens=self._head_tokens, seen=self._last_seen, first=self._first_message,
             strategy=self.strategy, pins=frozenset(self._state.pins),
-            summary=self._newest_summary.get(self.branch), context=context).render()}
+            summary=self._newest_summary.get(self.branch), context=context)
 
     def _note_checkpoint(self, record: MessageRecord) -> None:
         """Keep RECORD, applied in file order, when it carries a checkpoint; a change of
@@ -204,15 +210,10 @@ class Resumable:
         resumes from here; None when this log may not write one (see `checkpoint`).
         For a thread filled by other means (`memory import`): a turn writes its own."""
         self._land()
-        state = self.checkpoint()
-        if not state:
+        state = self._checkpoint_state()
+        if state is None:
             return None
-        turns = self.turn_count()
-        message = control_message(self.thread, "checkpoint", target=self.head,
-                                  branch=self.branch,
-                                  text=f"Checkpoint after {turns} turns (a restart resumes here)")
-        message = message.model_copy(update={"extra": {**message.extra, **state}})
-        return self._write([message])[0]
+        return self._write([checkpoint_message(self.thread, state)])[0]
 
     def keep_summary(self, message: NewMessage) -> MessageRecord:
         """Archive MESSAGE, a summary record (see `storedsummaries`), in a write of its own."""

@@ -297,6 +297,45 @@ class Archive(ArchiveQueries, IndexUpkeep):
                 self._catch_up_file(path)
             return self._index.thread_records(thread)
 
+    def records_before(self, thread: Thread, before: int | None, limit: int
+                       ) -> list[tuple[int, MessageRecord]]:
+        """(offset in its file, record) of the LIMIT messages of THREAD just before file
+        offset BEFORE, newest first: a thread paged through from its end, never held
+        whole.  BEFORE None starts at the end, the index first brought up to date."""
+        thread = check_thread(thread)
+        path = self.thread_file(thread)
+        with self._lock:
+            if before is None and path.exists():
+                self._catch_up_file(path)
+            return self._index.records_before(thread, before, check_limit(limit))
+
+    def first_message_id(self, thread: Thread) -> str | None:
+        """The id of THREAD's first conversation message, control records aside (None:
+        it has none), from the index."""
+        with self._lock:
+            return self._index.first_message_id(check_thread(thread))
+
+    def bridged_span(self, thread: Thread) -> tuple[float, float, frozenset[str]] | None:
+        """(first, last time, the senders of its people's messages) of what a bridge
+        archived of THREAD (None: nothing); then the index on time `bridged_between`
+        reads is made, when missing (once: it takes a while for a large index)."""
+        thread = check_thread(thread)
+        with self._lock:
+            span = self._index.bridged_span(thread)
+            if span is not None:
+                self._index.ensure_time_index()
+            return span
+
+    def bridged_between(self, thread: Thread, start: float, end: float,
+                        roles: tuple[str, ...], sender: str | None = None, *,
+                        platform_ids: bool = True) -> list[tuple[str, str, str, float]]:
+        """(id, role, text, time) of what a bridge archived of THREAD between START and
+        END, by ROLES (and SENDER); see `MessageIndex.said_between`.  Call
+        `bridged_span` first: it makes the index this reads."""
+        with self._lock:
+            return self._index.said_between(check_thread(thread), start, end, roles, sender,
+                                            platform_ids=platform_ids)
+
     def _reading(self) -> AbstractContextManager[MessageIndex]:
         """The index a search reads (see `readers.searching`)."""
         return searching(self._index, self._lock, self._readers)

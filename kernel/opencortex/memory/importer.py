@@ -14,9 +14,10 @@ Every message keeps its original time and is stored like any other, through
 derived from a stable key (JSON Lines: thread, time, sender and text; Telegram:
 thread and message id), so a message already in the archive is found by an
 index lookup of its id and left out: importing a file again adds nothing.  A
-Telegram message the bridge archived (its PLATFORM_ID, the Telegram message id,
-in the same thread) is found too, where the export's ids are the bot's (see
-`telegram_export`).
+Telegram message the bridge archived is found too: by its PLATFORM_ID (the
+Telegram message id, in the same thread) where the export's ids are the bot's
+(see `telegram_export`), else as the same side's same text at nearly the same
+time (see `bridged`), the bot's own replies included.
 
 The file is opened and read once (`ImportSource`), so a pipe works too.  It may
 bring any number of owners: past the first few hundred, owners share search
@@ -49,10 +50,11 @@ from pydantic import ValidationError
 
 from opencortex.events import Thread
 from opencortex.memory.archive import Archive
+from opencortex.memory.bridged import BridgedCopies
 from opencortex.memory.import_source import ImportFailed, ImportSource  # noqa: F401
 from opencortex.memory.partitions import Partition
 from opencortex.memory.records import ROLES, NewMessage, check_thread
-from opencortex.memory.rows import PLATFORM_ID
+from opencortex.memory.rows import IMPORTED, PLATFORM_ID
 
 FORMATS = ("jsonl", "telegram")
 NAMESPACE = uuid.UUID("0c7f6a1e-3d2b-5e8f-9a41-6b2d8c0e4f17")   # of the ids imports derive
@@ -70,10 +72,12 @@ class BadMessage(ValueError):
 
 
 class Item(NamedTuple):
-    """A message to import and the id derived from its stable key."""
+    """A message to import, the id derived from its stable key, and the texts a bridge
+    may have archived it under (none: no bridge could have; see `bridged`)."""
 
     id: str
     message: NewMessage
+    bridge_texts: tuple[str, ...] = ()
 
 
 class Problem(NamedTuple):
@@ -152,14 +156,16 @@ def parse_thread(value: Any) -> Thread:
     return check_thread(Thread.parse(value))
 
 
-def make_item(key: Iterable[str], where: str, **fields: Any) -> Item | Problem:
-    """The message FIELDS describe, with the id derived from KEY; a Problem if invalid."""
+def make_item(key: Iterable[str], where: str, bridge_texts: tuple[str, ...] = (),
+              **fields: Any) -> Item | Problem:
+    """The message FIELDS describe, with the id derived from KEY (and BRIDGE_TEXTS, see
+    `Item`); a Problem if invalid."""
     try:
         message = NewMessage(**fields)
     except ValidationError as error:
         return Problem(where, "; ".join(_reason(e) for e in error.errors(
             include_input=False, include_url=False)[:3]))
-    return Item(str(uuid.uuid5(NAMESPACE, "\x1f".join(key))), message)
+    return Item(str(uuid.uuid5(NAMESPACE, "\x1f".join(key))), message, bridge_texts)
 
 
 def _reason(error: dict[str, Any]) -> str:
@@ -237,7 +243,7 @@ def _jsonl_item(data: Any, where: str, default_thread: Thread | None) -> Item | 
         raise BadMessage("text must be non-empty text")
     return make_item(("jsonl", str(thread), repr(when), sender or "", text), where,
                      role=role, text=text, thread=thread, sender=sender, timestamp=when,
-                     extra={"IMPORTED": "jsonl"})
+                     extra={IMPORTED: "jsonl"})
 
 
 # -- writing -------------------------------------------------------------------
@@ -252,6 +258,7 @@ class _Writer:
         self.chars = 0
         self.last: dict[Thread, float] = {}          # each thread's last time before the import
         self.platform_ids: dict[Thread, set[str]] = {}   # each thread's PLATFORM_IDs
+        self.copies = BridgedCopies(archive)         # what bridges archived, by text and time
 
     def add(self, item: Item) -> None:
         """Queue ITEM unless it is already in the archive or queued; write when full."""
@@ -273,15 +280,17 @@ class _Writer:
             self.flush_all()
 
     def bridged(self, item: Item) -> bool:
-        """Whether ITEM's platform id (PLATFORM_ID) is that of a message of its thread
-        already archived (by a bridge, as it came in)."""
+        """Whether a bridge archived ITEM already, as it came in: a message of its thread
+        has its platform id (PLATFORM_ID), or is its copy by side, text and time (see
+        `bridged`)."""
         platform_id = item.message.extra.get(PLATFORM_ID)
-        if platform_id is None:
-            return False
-        thread = item.message.thread
-        if thread not in self.platform_ids:
-            self.platform_ids[thread] = self.archive.platform_ids(thread)
-        return platform_id in self.platform_ids[thread]
+        if platform_id is not None:
+            thread = item.message.thread
+            if thread not in self.platform_ids:
+                self.platform_ids[thread] = self.archive.platform_ids(thread)
+            if platform_id in self.platform_ids[thread]:
+                return True
+        return self.copies.archived(item)
 
     def flush(self, thread: Thread) -> None:
         """Write THREAD's waiting messages: one whole write, one index transaction."""

@@ -17,9 +17,9 @@ dropped and rebuilt at any time.  Tables:
   words, so "donated" finds "donate"), and how far each re-read of a changed
   file is (see `reread`).
 
-Ranked search over the FTS tables is `ranking.RankedSearch`, a part of
-`MessageIndex`, and so is `reread.IndexRereads` (a changed file read again);
-rows become records as `rows` says.
+Ranked search (`ranking.RankedSearch`), a changed file read again
+(`reread.IndexRereads`) and a thread read a piece at a time
+(`timeline.ThreadTimeline`) are parts of `MessageIndex`; rows are records as `rows` says.
 
 An index of another schema version or tokenizer is rebuilt on open (one of
 layout 4 with few owners is upgraded in place).  The SQLite file is opened
@@ -45,6 +45,7 @@ from opencortex.memory.records import MessageRecord
 from opencortex.memory.reread import KEY as REREAD_KEY, IndexRereads
 from opencortex.memory.rows import (AFTER_EACH, BEFORE_EACH, COLUMNS, is_control,
                                    record_fields, row_values, who)
+from opencortex.memory.timeline import ThreadTimeline
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 _TABLES = ("messages", "files", "parts", "thread_parts", "senders", "meta")
 
 
-class MessageIndex(RankedSearch, IndexRereads):
+class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
     """History and search over the archive, stored in one SQLite file (WAL mode)."""
 
     def __init__(self, path: Path, *, tokenizer: str = DEFAULT_TOKENIZER,

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 CONTROL_KEY = "CONTROL"     # extra property marking a control record (never searchable)
 SENDER_NAME = "SENDER_NAME"     # extra property: the sender's display name (a bridge's)
 PLATFORM_ID = "PLATFORM_ID"     # extra property: the platform's id of a person's message
+IMPORTED = "IMPORTED"           # extra property: the format `memory import` read it from
 COLUMNS = "id, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra"
 NOT_CONTROL = f"json_extract(extra, '$.{CONTROL_KEY}') IS NULL"   # SQL: not a control record
 # who sent a message, as the index searches it: the sender and their display name

@@ -22,25 +22,37 @@ MAX_NOTE_CHARS = 200         # characters of one name or answer in a note
 
 def message_text(data: dict[str, Any]) -> str:
     """The text of an exported message: its pieces joined, after a note of what else it holds."""
-    value = data.get("text", data.get("text_entities", ""))
-    if isinstance(value, str):
-        body = value
-    elif isinstance(value, list):
-        body = "".join(_piece(piece) for piece in value)
-    else:
-        raise BadMessage("text must be text or a list of text pieces")
+    body = _body(data, links=True)
     note = content_note(data)
     return f"{note} {body}" if note and body else note or body
 
 
-def _piece(piece: Any) -> str:
-    """One piece of a text list: a string, or an entity object's text (with its link)."""
+def received_text(data: dict[str, Any]) -> str:
+    """The text of an exported message as a bot received it (and the Telegram bridge
+    archived it): the pieces' own text, a caption alone, no note and no link address."""
+    return _body(data, links=False)
+
+
+def _body(data: dict[str, Any], *, links: bool) -> str:
+    """The text pieces of DATA joined (with LINKS, each hidden link's address after it)."""
+    value = data.get("text", data.get("text_entities", ""))
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_piece(piece, links) for piece in value)
+    raise BadMessage("text must be text or a list of text pieces")
+
+
+def _piece(piece: Any, links: bool = True) -> str:
+    """One piece of a text list: a string, or an entity object's text (with its link,
+    unless not LINKS)."""
     if isinstance(piece, str):
         return piece
     if not isinstance(piece, dict) or not isinstance(piece.get("text"), str):
         raise BadMessage("a text piece is neither text nor a {type, text} object")
     href = piece.get("href")
-    if piece.get("type") == "text_link" and isinstance(href, str) and href != piece["text"]:
+    if links and piece.get("type") == "text_link" and isinstance(href, str) and \
+            href != piece["text"]:
         return f"{piece['text']} ({href})"
     return piece["text"]
 

@@ -27,7 +27,14 @@ is imported, and is reported by its byte offset.
   too, as the Telegram bridge keeps the id of a message it archives, and a
   message the bridge archived already is not imported again.  In a private chat
   or a basic group each account numbers messages its own way: the export's ids
-  are not the bot's, and neither is compared nor kept as PLATFORM_ID.
+  are not the bot's, and neither is compared nor kept as PLATFORM_ID.  There
+  (and for the bot's own replies, which carry no PLATFORM_ID anywhere) a message
+  the bridge archived is recognised by side, text and time (see `bridged`): the
+  item carries the texts the bridge may have archived, the message as exported
+  and as the bot received it (a caption without the "[photo]" note, links
+  without their address).
+- Times: `date_unixtime` (Telegram's own, in whole seconds) when the export has
+  it; else `date`, the exporting machine's local time, read as this machine's.
 """
 
 from __future__ import annotations
@@ -42,8 +49,8 @@ from opencortex.events import Thread, display_name
 from opencortex.memory.import_source import ACCOUNT_KEYS
 from opencortex.memory.importer import (MAX_NAME, BadMessage, ImportFailed, Problem, Read,
                                         check_name, make_item, parse_time)
-from opencortex.memory.rows import PLATFORM_ID, SENDER_NAME
-from opencortex.memory.telegram_content import message_text
+from opencortex.memory.rows import IMPORTED, PLATFORM_ID, SENDER_NAME
+from opencortex.memory.telegram_content import message_text, received_text
 
 CHUNK = 1 << 20              # bytes read at a time
 MAX_VALUE_CHARS = 4 << 20    # a larger message (or header value) stops the import
@@ -223,7 +230,7 @@ def message_item(data: Any, position: int, thread: Thread, assistants: set[str],
         return None
     sender = from_id.removeprefix("user") if from_id else name
     role = "assistant" if assistants & {name, from_id, sender} else "user"
-    extra = {"IMPORTED": "telegram", "SOURCE_ID": str(number)}
+    extra = {IMPORTED: "telegram", "SOURCE_ID": str(number)}
     if shared_ids:
         extra[PLATFORM_ID] = str(number)
     if name:
@@ -232,5 +239,7 @@ def message_item(data: Any, position: int, thread: Thread, assistants: set[str],
         value = data.get(key)
         if isinstance(value, (int, str)) and not isinstance(value, bool) and str(value):
             extra[prop] = str(value)[:MAX_NAME]
-    return make_item(("telegram", str(thread), str(number)), where, role=role, text=text,
-                     thread=thread, sender=sender, timestamp=when, extra=extra)
+    received = received_text(data)
+    bridge_texts = tuple(dict.fromkeys(t.strip() for t in (text, received) if t.strip()))
+    return make_item(("telegram", str(thread), str(number)), where, bridge_texts, role=role,
+                     text=text, thread=thread, sender=sender, timestamp=when, extra=extra)

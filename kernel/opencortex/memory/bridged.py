@@ -1,0 +1,136 @@
+"""Messages a bridge archived already, recognised in an export by side, text and time.
+
+A Telegram Desktop export of a chat the Telegram bridge served holds what the
+bridge archived as it came: the person's messages and the bot's replies.  In a
+supergroup or channel the person's messages are found by their Telegram id
+(PLATFORM_ID, see `telegram_export`); in a private chat or basic group the
+export's ids are not the bot's, and the bot's replies carry none anywhere.  So
+an exported message is taken for one the bridge archived when its thread holds
+a message archived by a bridge (not imported) that
+
+- is of the same side: the person's (role user, the same sender: the bridge
+  and the export both name a person by their Telegram id) or the bot's (role
+  assistant or system, for an exported message of the assistant, or of a sender
+  the bridge never archived a message of: the bot itself);
+- says the same: one of the item's texts (see `importer.Item`: as exported,
+  and as the bot received it), bar the spaces Telegram trims, or, for the bot,
+  what the person read of the archived reply (`bridges.render.shown_text`);
+- was archived between EARLY seconds before the export's time and PERSON_LATE
+  (BOT_LATE) seconds after it.  The export's time is Telegram's, in whole
+  seconds (`date_unixtime`); the bridge stamps a message once it has it, so
+  never earlier, but for the two clocks' difference (EARLY allows this
+  machine's clock 2 s off, which NTP keeps within milliseconds).  The bridge
+  stamps a person's message when their chat's turn begins: after delivery
+  (long polling: under a second) and after the turns of their earlier
+  messages (a model's answer: seconds, rarely a minute).  It archives a reply
+  right after Telegram took it: a write and an fsync later.
+
+Each archived message stands for one exported message at most: the nearest in
+time not taken yet.  So two "ok" of one person seconds apart, both archived,
+are both recognised, and of two the bridge did not both archive, one is
+imported: what was said is never dropped (of two same texts within PERSON_LATE
+seconds, the one imported may carry the other's time).  What the tolerance
+misses is imported again: a message the bridge took more than PERSON_LATE
+seconds late (the kernel was down when it was sent), an edited one (the export
+has the new text), a reply too long for one Telegram message (sent in parts),
+and the times of an export without `date_unixtime` made in another time zone.
+
+Bounded: one indexed query per exported message (on thread and time, see
+`timeline`), the bridge's time span and senders read once per thread, and the
+taken ids kept only as long as a later message could still name them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from opencortex.events import Thread
+from opencortex.memory.archive import Archive
+from opencortex.memory.rows import PLATFORM_ID
+
+if TYPE_CHECKING:
+    from opencortex.memory.importer import Item
+
+EARLY = 2.0                  # seconds the bridge's time may precede the export's
+PERSON_LATE = 60.0           # ... and follow it, for a person's message
+BOT_LATE = 10.0              # ... for the bot's reply
+MAX_TAKEN = 4096             # taken ids kept before those no later message can name go
+BOT_ROLES = ("assistant", "system")
+
+
+def said_the_same(texts: tuple[str, ...], role: str, archived: str) -> bool:
+    """Whether the ARCHIVED text of a message of ROLE is one of TEXTS (stripped), as
+    written or, for the bot, as the person read it formatted."""
+    if archived.strip() in texts:
+        return True
+    if role == "user":
+        return False
+    from opencortex.bridges.render import shown_text
+    return shown_text(archived).strip() in texts
+
+
+class _Taken:
+    """The archived messages of one thread that stand for an exported one already."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}    # id -> when it was archived
+        self.floor = -math.inf               # taken ones before this time were let go
+
+    def take(self, message_id: str, archived_at: float, exported_at: float) -> None:
+        """MESSAGE_ID (archived at ARCHIVED_AT) stands for a message of EXPORTED_AT; past
+        MAX_TAKEN, those no later message of an export in time order can name go."""
+        self.times[message_id] = archived_at
+        if len(self.times) > MAX_TAKEN:
+            self.floor = max(self.floor, exported_at - EARLY)
+            self.times = {i: t for i, t in self.times.items() if t >= self.floor}
+
+
+class _ThreadCopies:
+    """What a bridge archived of one thread, matched against exported messages."""
+
+    def __init__(self, archive: Archive, thread: Thread,
+                 span: tuple[float, float, frozenset[str]]):
+        self.archive, self.thread = archive, thread
+        self.first, self.last, self.people = span
+        self.taken = _Taken()
+
+    def take(self, item: Item) -> bool:
+        """Whether ITEM is a copy of a message archived here, not taken yet (taken then)."""
+        message = item.message
+        bot = message.role != "user" or message.sender not in self.people
+        when = message.timestamp
+        start, end = max(when - EARLY, self.taken.floor), when + (BOT_LATE if bot else PERSON_LATE)
+        if end < self.first or start > self.last:
+            return False
+        rows = self.archive.bridged_between(
+            self.thread, start, end, BOT_ROLES if bot else ("user",),
+            None if bot else message.sender, platform_ids=PLATFORM_ID not in message.extra)
+        found = min(((abs(at - when), message_id, at) for message_id, role, text, at in rows
+                     if message_id not in self.taken.times and
+                     said_the_same(item.bridge_texts, role, text)), default=None)
+        if found is None:
+            return False
+        self.taken.take(found[1], found[2], when)
+        return True
+
+
+class BridgedCopies:
+    """Recognises exported messages a bridge archived already (see the module)."""
+
+    def __init__(self, archive: Archive):
+        self.archive = archive
+        self._threads: dict[Thread, _ThreadCopies | None] = {}   # None: nothing bridged
+
+    def archived(self, item: Item) -> bool:
+        """Whether ITEM (with texts a bridge may have archived it under) is a message
+        of its thread a bridge archived, that no other item of this import stands for."""
+        if not item.bridge_texts or item.message.timestamp is None:
+            return False
+        thread = item.message.thread
+        if thread not in self._threads:
+            span = self.archive.bridged_span(thread)
+            self._threads[thread] = None if span is None else \
+                _ThreadCopies(self.archive, thread, span)
+        copies = self._threads[thread]
+        return copies is not None and copies.take(item)
