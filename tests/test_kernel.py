@@ -368,3 +368,21 @@ def test_a_skill_that_never_builds_its_prompt_fails_its_turn_in_bounded_time(hom
         assert fine.status == "done"
         await kernel.aclose()
     run(scenario())
+
+
+def test_running_figures_are_kept_for_the_most_recent_threads_only(config, monkeypatch):
+    """Each thread's turns, tokens and latency (/metrics) were kept for every thread ever
+    seen: a kernel strangers reach met new threads without end (4,000 chats: 4,000
+    entries, never let go)."""
+    from opencortex import turn
+    monkeypatch.setattr(turn, "MAX_THREAD_STATS", 3)
+    kernel, _ = make(config)
+
+    async def talk() -> None:
+        for n in (1, 2, 3, 1, 4, 5):
+            result = await kernel.handle(chat_message(f"hello {n}", "cli", f"chat{n}"))
+            assert result.status == "done", result.errors
+        await kernel.aclose()
+    run(talk())
+    assert list(kernel.stats) == [Thread("cli", f"chat{n}") for n in (1, 4, 5)]
+    assert kernel.stats[Thread("cli", "chat1")].turns == 2

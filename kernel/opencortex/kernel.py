@@ -35,7 +35,7 @@ from opencortex.skills import Skill, SkillContext, SkillRegistry
 from opencortex.telemetry import telemetry_for, turn_span
 from opencortex.tools import ToolRegistry
 from opencortex.preparation import Prepared, Preparation
-from opencortex.turn import ThreadStats, TurnFailed, TurnObserver, TurnResult
+from opencortex.turn import RecentThreadStats, ThreadStats, TurnFailed, TurnObserver, TurnResult
 from opencortex.steps import Narrowing, StepRunner, is_step
 from opencortex.verification import Verdict
 
@@ -79,7 +79,7 @@ class Kernel:
         # interval every wake-up of the loop can wait 5 ms behind a judging thread, which
         # adds up to 100s of ms per turn; 1 ms keeps other threads' turns within a few ms.
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL))
-        self.stats: dict[Thread, ThreadStats] = {}
+        self.stats = RecentThreadStats()
         self._locks: weakref.WeakValueDictionary[Thread, asyncio.Lock] = \
             weakref.WeakValueDictionary()
 
@@ -147,7 +147,7 @@ class Kernel:
         return result
 
     def _count(self, thread: Thread, result: TurnResult) -> None:
-        stats = self.stats.setdefault(thread, ThreadStats())
+        stats = self.stats.of(thread)
         stats.turns += 1
         stats.total_latency_s += result.elapsed_s
         usage = result.usage

@@ -70,6 +70,9 @@ class TurnResult:
                    if self.retry_after_seconds is not None else {})}
 
 
+MAX_THREAD_STATS = 4096    # threads whose running figures are kept (the most recent)
+
+
 @dataclass
 class ThreadStats:
     """Running figures for a thread's status line."""
@@ -84,3 +87,19 @@ class ThreadStats:
     @property
     def average_latency_ms(self) -> float:
         return 1000 * self.total_latency_s / self.turns if self.turns else 0.0
+
+
+class RecentThreadStats(dict):
+    """`ThreadStats` by thread, for the MAX_THREAD_STATS threads that had a turn most
+    recently: a kernel that strangers reach on a bridge meets new threads without end,
+    so the figures of the longest quiet ones are let go (they start again at 0)."""
+
+    def of(self, thread) -> ThreadStats:
+        """THREAD's figures, made when new, now the most recent."""
+        stats = self.pop(thread, None)
+        if stats is None:
+            stats = ThreadStats()
+            while len(self) >= MAX_THREAD_STATS:
+                del self[next(iter(self))]
+        self[thread] = stats
+        return stats
