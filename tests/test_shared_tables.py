@@ -145,3 +145,19 @@ def _make_layout_4(root) -> None:
         INSERT INTO parts_4 SELECT name, tab FROM parts; DROP TABLE parts;
         ALTER TABLE parts_4 RENAME TO parts; PRAGMA user_version = 4;""")
     db.close()
+
+
+def test_a_connection_remembers_a_bounded_number_of_threads_tables(tmp_path, crowded,
+                                                                   monkeypatch):
+    """Which table each thread is in was remembered for every thread ever met, by every
+    connection: strangers' threads come without end."""
+    monkeypatch.setattr(partitions, "MAX_REMEMBERED", 5)
+    with Archive(tmp_path / "memory") as archive:
+        for n, thread in enumerate(STRANGERS):
+            archive.append([say(f"kestrel number{n}", thread)])
+        parts = archive._index._parts
+        assert len(parts._placed) <= 5
+        for n, thread in enumerate(STRANGERS):
+            assert [h.text for h in archive.search("kestrel", thread=thread)] == [
+                f"kestrel number{n}"]
+        assert len(parts._placed) <= 5

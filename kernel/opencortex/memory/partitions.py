@@ -62,6 +62,7 @@ OWN_FROM = 500              # messages at which an owner sharing a table gets on
 GROWTH_CHECK = 64           # messages added to a sharing owner between two counts of its own
 SHARED_BASE = 1_000_000_000  # the number of the first shared table (own ones count from 1)
 MAX_GROWTH = 4096           # sharing partitions whose additions are counted at most
+MAX_REMEMBERED = 8192       # threads (and partitions) whose table a connection remembers
 
 Partition = Callable[[Thread], str]
 
@@ -146,7 +147,7 @@ class Partitions:
             number = self._table_number(part)
             self._db.execute("INSERT INTO thread_parts (channel, chat_id, part) "
                              "VALUES (?, ?, ?)", (*thread, part))
-            placed = self._placed[thread] = (part, f"fts_{number}")
+            placed = self._remember(thread, (part, f"fts_{number}"))
         return placed[1]
 
     def known_table(self, thread: Thread) -> str | None:
@@ -162,7 +163,14 @@ class Partitions:
             "WHERE channel = ? AND chat_id = ?", tuple(thread)).fetchone()
         if row is None:
             return None
-        placed = self._placed[thread] = (row[0], f"fts_{row[1]}")
+        return self._remember(thread, (row[0], f"fts_{row[1]}"))
+
+    def _remember(self, thread: Thread, placed: tuple[str, str]) -> tuple[str, str]:
+        """Remember THREAD's PLACED (partition, table), among MAX_REMEMBERED threads at
+        most (the threads of strangers come without end); PLACED."""
+        if len(self._placed) >= MAX_REMEMBERED:
+            self._placed.clear()
+        self._placed[thread] = placed
         return placed
 
     def tables(self) -> list[str]:
@@ -182,6 +190,8 @@ class Partitions:
                                        (name,)).fetchone()
                 if row is None:
                     continue
+                if len(self._named) >= MAX_REMEMBERED:
+                    self._named.clear()
                 table = self._named[name] = f"fts_{row[0]}"
             by_table.setdefault(table, []).append(name)
         targets: list[tuple[str, list[str] | None]] = []
@@ -251,7 +261,8 @@ class Partitions:
         """Note that a message of THREAD was just added to its table; when its partition
         shares a table and has reached OWN_FROM messages, move the partition to a table
         of its own (True: tables moved)."""
-        part, table = self._placed[Thread(*thread)]
+        thread = Thread(*thread)
+        part, table = self._placed.get(thread) or self._place(thread)
         if not is_shared(table):
             return False
         if len(self._growth) >= MAX_GROWTH:
@@ -293,7 +304,7 @@ class Partitions:
         self._db.execute("UPDATE thread_parts SET part = ? WHERE channel = ? AND chat_id = ?",
                          (part, *thread))
         self._relocate(thread, old, new)
-        self._placed[Thread(*thread)] = (part, new)
+        self._remember(Thread(*thread), (part, new))
 
     def _relocate(self, thread: Thread, old: str, new: str) -> None:
         """Move THREAD's searchable messages from table OLD to table NEW, with their
