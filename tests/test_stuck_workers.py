@@ -133,3 +133,43 @@ def test_hung_verdicts_do_not_starve_later_turns(config, monkeypatch, release):
     finally:
         release.set()
         run(kernel.aclose())
+
+
+def test_the_connections_of_replaced_reading_threads_are_closed(tmp_path):
+    """Each given-up task made new reading threads, each opening an index connection of
+    its own, and the old threads' connections stayed open until the kernel closed: 30
+    overruns left 46 connections and 95 more file descriptors (with many owners, a
+    whole schema each)."""
+    from opencortex.memory import Archive, NewMessage
+    from opencortex.events import Thread
+    release = threading.Event()
+    workers = Workers(2, "test-readers", max_stuck=3)
+    with Archive(tmp_path / "memory") as archive:
+        archive.append([NewMessage(role="user", text="a kestrel", thread=Thread("cli", "x"))])
+
+        def slow_read() -> int:
+            with archive._readers.reading() as index:
+                release.wait(0.3)
+                return index.count()
+
+        def read() -> int:
+            with archive._readers.reading() as index:
+                return index.count()
+
+        async def scenario():
+            for _ in range(12):
+                with pytest.raises(TimeoutError):
+                    await workers.run_within(0.05, slow_read)
+                await workers.run(read)
+            deadline = time.monotonic() + WAIT
+            while workers.stuck and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)                 # the old threads end after their task
+            for _ in range(4):
+                assert await workers.run(read) == 1
+        try:
+            run(scenario())
+            assert archive._readers.open_connections() <= 2 + workers.max_stuck
+        finally:
+            release.set()
+            workers.shutdown()

@@ -7,6 +7,8 @@ it writes and fsyncs files) nor for each other, and SQLite runs their queries
 without holding Python's GIL.  A connection keeps caches of table names and
 very common words; when the writing connection drops, empties or moves tables
 (its `generation` moves on), the caches are dropped before the next read.
+A thread's connection is closed once the thread ended (checked when another
+thread opens one).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class _Reader:
     index: MessageIndex
     seen: int = -1                                   # the writer's generation last read at
     lock: threading.Lock = field(default_factory=threading.Lock)
+    thread: threading.Thread = field(default_factory=threading.current_thread)
 
 
 class Readers:
@@ -49,6 +52,7 @@ class Readers:
             with self._guard:
                 if self._closed:
                     raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+                self._close_ended()
                 reader = _Reader(MessageIndex(self.path, tokenizer=self.tokenizer, reader=True))
                 self._all.append(reader)
             self._local.reader = reader
@@ -58,6 +62,21 @@ class Readers:
                 reader.index.forget_caches()
                 reader.seen = generation
             yield reader.index
+
+    def _close_ended(self) -> None:
+        """Close the connections of threads that ended (with the guard held): a pool
+        that gave up a task is replaced by new threads, each opening its own, and the
+        old ones end once their tasks do."""
+        ended = [reader for reader in self._all if not reader.thread.is_alive()]
+        if ended:
+            self._all = [reader for reader in self._all if reader.thread.is_alive()]
+            for reader in ended:
+                reader.index.close()
+
+    def open_connections(self) -> int:
+        """How many reading connections are open."""
+        with self._guard:
+            return len(self._all)
 
     def close(self) -> None:
         """Close every connection (each once its current read ended)."""
