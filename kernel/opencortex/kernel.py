@@ -167,7 +167,8 @@ class Kernel:
         """Run the slash command TEXT in THREAD; CommandError (a ValueError) if it is misused."""
         conversation = await self.conversations.open(thread)
         given = CommandInput(persona=self.persona, metrics=self._metrics(thread),
-                             skills=self.skills, budget=self.budgets.describe(thread))
+                             skills=self.skills, budget=self.budgets.describe(thread),
+                             guest=archetype_for(thread, self.config.llm) == "guest")
         try:
             return await self.commands.run(conversation, text, given)
         except InvalidTransition as error:

@@ -35,7 +35,7 @@ from opencortex.bridges.inbox import Inbox
 from opencortex.bridges.outbound import Pacer, RetryAfter, split_text, with_retry_after
 from opencortex.bridges.render import plain, to_html
 from opencortex.bridges.settings import BridgeSettings
-from opencortex.conversation.commands import USAGE
+from opencortex.conversation.commands import OWNERS_ONLY, USAGE
 from opencortex.events import EventError, Thread, chat_message
 from opencortex.kernel import Kernel
 
@@ -52,9 +52,10 @@ STOP_GRACE = 10.0       # seconds turns in flight may take to finish on stop
 
 
 def command_menu() -> list[tuple[str, str]]:
-    """The kernel's slash commands as (name, description) for a platform's menu."""
+    """The kernel's slash commands as (name, description) for a platform's menu (one
+    menu for everyone: the commands only owners may run are left out)."""
     return [(name, usage.partition("—")[2].strip() or name) for name, usage in USAGE.items()
-            if name not in FRONTEND_ONLY]
+            if name not in FRONTEND_ONLY and name not in OWNERS_ONLY]
 
 
 class BridgeActuator(MessageActuator):

@@ -27,6 +27,7 @@ class CommandInput:
     metrics: dict[str, Any] = field(default_factory=dict)
     skills: Any = None          # the kernel's SkillRegistry, for /reload
     budget: str = ""            # what is left of this chat's budgets, for /budget
+    guest: bool = False         # whoever typed it is a guest (see OWNERS_ONLY)
 
 
 # a handler: (Commands, Conversation, arguments, CommandInput) -> the answer
@@ -34,17 +35,21 @@ Handler = Callable[[Any, Any, list[str], CommandInput], Awaitable[str]]
 USAGE: dict[str, str] = {}
 HANDLERS: dict[str, Handler] = {}
 FREE_TEXT: set[str] = set()     # commands whose argument is the rest of the line, as typed
+OWNERS_ONLY: set[str] = set()   # commands that change the kernel for every chat: no guest's
 
 
-def command(name: str, usage: str, *, free_text: bool = False):
+def command(name: str, usage: str, *, free_text: bool = False, owners_only: bool = False):
     """Register a slash command; with FREE_TEXT, its handler gets the rest of the line
     as one argument (apostrophes and quotes are text: "/recall Caroline's dog"), else
-    the words of the line, split as a shell would."""
+    the words of the line, split as a shell would.  OWNERS_ONLY: it changes the kernel
+    for every chat, so a guest may not run it (see `Commands.run`)."""
     def register(handler: Handler) -> Handler:
         HANDLERS[name] = handler
         USAGE[name] = usage
         if free_text:
             FREE_TEXT.add(name)
+        if owners_only:
+            OWNERS_ONLY.add(name)
         return handler
     return register
 

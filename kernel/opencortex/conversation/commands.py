@@ -19,8 +19,8 @@ import shlex
 
 from opencortex.conversation import branchcommands  # noqa: F401  (registers its commands)
 from opencortex.conversation.commandline import (  # noqa: F401  (is_command: for callers)
-    FREE_TEXT, HANDLERS, USAGE, CommandError, CommandInput, command, first_word, is_command,
-    number_argument, rest_argument, short, unknown_command)
+    FREE_TEXT, HANDLERS, OWNERS_ONLY, USAGE, CommandError, CommandInput, command, first_word,
+    is_command, number_argument, rest_argument, short, unknown_command)
 from opencortex.conversation.conversations import Conversation, Conversations
 
 FRONTENDS_THAT_QUIT = ("cli", "emacs")
@@ -39,14 +39,19 @@ class Commands:
         handler = HANDLERS.get(name)
         if handler is None:
             raise CommandError(unknown_command(name))
+        given = given or CommandInput()
+        if given.guest and name in OWNERS_ONLY:
+            raise CommandError(f"/{name} changes the kernel for every chat, so only its owner "
+                               "may run it (from Emacs, the terminal, or a chat [llm.owners] "
+                               "names)")
         if name in FREE_TEXT:
-            return await handler(self, conversation, rest_argument(text), given or CommandInput())
+            return await handler(self, conversation, rest_argument(text), given)
         try:
             words = shlex.split(text.strip())
         except ValueError as error:
             raise CommandError(f"cannot read the command: {error}; close the quote or "
                                "leave it out") from None
-        return await handler(self, conversation, words[1:], given or CommandInput())
+        return await handler(self, conversation, words[1:], given)
 
     async def off_loop(self, function, *args, **kwargs):
         """FUNCTION(*ARGS, **KWARGS) run by a reading thread: a command's disk work (a
@@ -214,7 +219,7 @@ async def _strategy(commands: Commands, conv: Conversation, args: list[str],
     return f"Compression strategy for this chat: {name} (kept across restarts)."
 
 
-@command("reload", "/reload — load the skills again from disk")
+@command("reload", "/reload — load the skills again from disk", owners_only=True)
 async def _reload(commands: Commands, conv: Conversation, args: list[str],
                   given: CommandInput) -> str:
     if given.skills is None:

@@ -210,12 +210,13 @@ class SkillRegistry:
             f"rename one of them"))
 
     def _forget(self) -> None:
-        """Remove the previous generation's modules and helpers from sys.modules."""
+        """Remove the previous generation's modules and helpers from sys.modules.  Its
+        skills stay until the new ones replace them whole: a turn prepared meanwhile, on
+        another thread, finds the old skills, never none."""
         for name in self._modules:
             sys.modules.pop(name, None)
         self._modules = []
         forget_helpers(self.directories)
-        self._skills = []
 
 
 def _with_source(skill: Skill, path: Path) -> Skill:
