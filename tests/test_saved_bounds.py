@@ -144,3 +144,14 @@ def test_a_temporary_file_left_by_a_crash_is_harmless(root):
     assert {s.name for s in SavedSessions(root).list()} == {"mine", "guest 0", "guest 1",
                                                             "guest 2"}
     assert oct(os.stat(root / "sessions.org").st_mode & 0o777) == "0o600"
+
+
+def test_a_long_file_is_read_in_pieces(root, monkeypatch):
+    sessions = SavedSessions(root)
+    for i in range(40):
+        sessions.save(f"guest {i % 4}", GUEST, "main", None, "x" * 150)
+    monkeypatch.setattr(savedfile, "READ_CHUNK", 100)         # less than one entry
+    reader = SavedSessions(root)
+    assert sorted(s.name for s in reader.list()) == ["guest 0", "guest 1", "guest 2",
+                                                     "guest 3"]
+    assert reader._index.entries == 40

@@ -31,6 +31,7 @@ HEADER = "#+TITLE: opencortex saved sessions\n#+STARTUP: overview\n\n"
 MAX_PER_OWNER = 100          # saved names kept per owner; older ones are let go
 COMPACT_MIN = 256            # superseded entries tolerated before compacting, at least
 TAIL_CHECK = 32              # bytes compared to notice a file rewritten in place
+READ_CHUNK = 1 << 20         # bytes parsed at a time (an old, long file is read in pieces)
 _END = b"\n:END:\n"
 _KEYS = ("NAME", "OWNER", "THREAD", "BRANCH", "HEAD", "SAVED_AT", "TITLE")
 _REQUIRED = ("NAME", "OWNER", "THREAD", "BRANCH", "SAVED_AT")
@@ -162,16 +163,20 @@ class SavedIndex:
                 or read_range(fd, self.offset - len(self.tail), self.offset) != self.tail):
             self.reset(file)
         self.mtime = info.st_mtime_ns
-        if info.st_size == self.offset:
-            return
-        data = read_range(fd, self.offset, info.st_size)
-        length = complete_length(data)
-        if not length:
-            return
-        for session in parse_saves(data[:length].decode("utf-8", "replace")):
-            self.entries += 1
-            self.add(session)
-        self.offset += length
+        chunk = READ_CHUNK
+        while self.offset < info.st_size:
+            end = min(info.st_size, self.offset + chunk)
+            data = read_range(fd, self.offset, end)
+            length = complete_length(data)
+            if not length:              # no complete entry in this chunk
+                if end >= info.st_size:
+                    break               # a torn or unfinished last entry: read it later
+                chunk *= 2
+                continue
+            for session in parse_saves(data[:length].decode("utf-8", "replace")):
+                self.entries += 1
+                self.add(session)
+            self.offset += length
         self.tail = read_range(fd, max(0, self.offset - TAIL_CHECK), self.offset)
 
     def sessions(self, owner: str | None = None) -> list[SavedSession]:
