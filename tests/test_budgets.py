@@ -205,3 +205,54 @@ def test_counting_never_waits_for_the_disk_and_close_writes_everything(tmp_path,
     assert again.used("session:cli:local", "always") == Used(120, 0.75, 1000, True)
     assert again.used("owner:nobody", "always") == Used()
     again.close()
+
+
+def rows_on_disk(path: Path) -> list[tuple[str, str]]:
+    import sqlite3
+    with sqlite3.connect(path) as db:
+        return sorted(db.execute("SELECT key, period FROM usage"))
+
+
+def test_old_daily_rows_are_pruned_in_memory_and_on_disk(tmp_path):
+    from opencortex.budget_store import BudgetStore, Used
+    path = tmp_path / "budgets.sqlite"
+    store = BudgetStore(path)
+    for day in ("2026-11-20", "2026-11-21", "2026-11-22", "2026-11-23"):
+        store.charge("session:telegram:42", day, 10, 0.0)
+        store.charge("owner:telegram:42", day, 10, 0.0)
+    store.charge("owner:telegram:42", "always", 5, 0.0)
+    assert store.prune("2026-11-22") == 4 and store.rows() == 5
+    assert store.used("owner:telegram:42", "2026-11-21") == Used()
+    assert store.used("owner:telegram:42", "2026-11-22").tokens == 10
+    store.close()
+    assert [period for _, period in rows_on_disk(path)] == [
+        "2026-11-22", "2026-11-23", "always", "2026-11-22", "2026-11-23"]
+    again = BudgetStore(path, keep_from="2026-11-23")          # pruned before reading
+    assert again.rows() == 3 and rows_on_disk(path) == [
+        ("owner:telegram:42", "2026-11-23"), ("owner:telegram:42", "always"),
+        ("session:telegram:42", "2026-11-23")]
+    again.close()
+
+
+def test_strangers_chatting_day_after_day_keep_the_store_bounded(home, tmp_path):
+    home_with(home, GUEST_BUDGET)
+
+    async def go():
+        kernel, _, _, _ = kernel_for(home, tmp_path, GUEST_REPLY, tokens=20, turns=80)
+        now = [1_800_000_000.0]
+        kernel.budgets.clock = lambda: now[0]
+        most = 0
+        try:
+            for day in range(10):
+                for stranger in range(3):
+                    await kernel.handle(chat_message("hi", "telegram", f"{day}{stranger}"))
+                most = max(most, kernel.budgets.store.rows())
+                now[0] += 86_400
+            return most, kernel.budgets.store.rows()
+        finally:
+            await kernel.aclose()
+
+    most, last = run(go())
+    assert most == last == 2 * 3              # today's and yesterday's chats only
+    periods = [period for _, period in rows_on_disk(home / "budgets.sqlite")]
+    assert periods == ["2027-01-23"] * 3 + ["2027-01-24"] * 3   # 24 earlier rows are gone

@@ -225,6 +225,22 @@ def test_saved_sessions_belong_to_their_owner(home):
     assert "garden" not in (theirs.text or "") and stolen.status == "failed"
 
 
+def test_a_save_beyond_the_per_owner_limit_says_which_name_was_let_go(home):
+    kernel, _, _ = kernel_for(home)
+    saved = kernel.conversations.saved
+    saved.per_owner = saved._index.per_owner = 2
+
+    async def scenario():
+        await say(kernel, "plans for the garden")
+        answers = [await say(kernel, f"/save {name}") for name in ("one", "two", "three")]
+        return answers, await say(kernel, "/sessions")
+
+    answers, listed = run(scenario())
+    assert "let go" not in answers[0].text + answers[1].text
+    assert "'one' was let go: you keep the 2 names saved most recently." in answers[2].text
+    assert "one" not in listed.text and "two" in listed.text and "three" in listed.text
+
+
 def test_the_system_prompt_is_byte_identical_across_turns(home):
     backend = Recording()
     kernel, _, _ = kernel_for(home, backend)

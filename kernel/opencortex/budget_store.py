@@ -11,11 +11,18 @@ waits for the disk on the event loop.  Each change is written by the store's
 own thread, in order, as an increment committed with `synchronous = FULL`
 (fsynced); `close` waits for them.  A crash can lose the changes of the last
 moments (a budget then allows that little more), never a count written before.
+
+Daily rows are needed only while their day lasts (and the day before, for a
+turn that began before midnight): `prune` drops older ones, in memory and on
+disk, when the store opens (`keep_from`) and whenever the budgets see a new
+day, so strangers' chats day after day do not pile up.  "always" rows stay:
+a budget that never renews needs them.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -24,6 +31,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 STORE_NAME = "budgets.sqlite"
+_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
     key TEXT NOT NULL, period TEXT NOT NULL,
@@ -46,12 +54,16 @@ class Used:
 class BudgetStore:
     """Usage counters per key and period: in memory, written through to one SQLite file."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, keep_from: str | None = None):
+        """Open (or create) the store at PATH; with KEEP_FROM ("YYYY-MM-DD"), the daily
+        rows of earlier days are deleted first, never read into memory."""
         self.path = Path(path)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA synchronous = FULL")
         self._db.execute(_SCHEMA)
+        if keep_from is not None:
+            self._delete_before(keep_from)
         self._used: dict[tuple[str, str], Used] = {
             (key, period): Used(tokens, cost, granted, bool(announced))
             for key, period, tokens, cost, granted, announced in self._db.execute(
@@ -95,6 +107,27 @@ class BudgetStore:
             self._db.execute("ROLLBACK")
             raise
 
+    def prune(self, keep_from: str) -> int:
+        """Forget the daily rows of days before KEEP_FROM ("YYYY-MM-DD"): from memory at
+        once, from disk by the store's thread ("always" rows stay); how many went."""
+        _check_day(keep_from)
+        old = [row for row in self._used if _DAY.fullmatch(row[1]) and row[1] < keep_from]
+        for row in old:
+            del self._used[row]
+        if not self._closed:
+            self._disk.submit(self._delete_before, keep_from).add_done_callback(_logged)
+        return len(old)
+
+    def _delete_before(self, keep_from: str) -> None:
+        """Delete the daily rows of days before KEEP_FROM (in the store's thread)."""
+        _check_day(keep_from)
+        self._db.execute("DELETE FROM usage WHERE period < ? AND period GLOB "
+                         "'[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]'", (keep_from,))
+
+    def rows(self) -> int:
+        """How many (key, period) rows are held in memory."""
+        return len(self._used)
+
     def charge(self, key: str, period: str, tokens: int, cost: float) -> None:
         """Add TOKENS and COST to what KEY used in PERIOD."""
         self._add(key, period, tokens=tokens, cost=cost)
@@ -115,3 +148,9 @@ def _logged(written: Future) -> None:
     if error is not None:
         log.error("budget store: a change could not be written (%s); it counts until the "
                   "kernel stops", type(error).__name__)
+
+
+def _check_day(day: str) -> None:
+    """ValueError unless DAY is a "YYYY-MM-DD" period."""
+    if not isinstance(day, str) or not _DAY.fullmatch(day):
+        raise ValueError(f"a daily period is YYYY-MM-DD, not {day!r}")

@@ -40,6 +40,11 @@ Asker = Callable[[Approver, ApprovalRequest], Awaitable[ApprovalDecision]]
 DAY = 86_400
 
 
+def day_before(now: float) -> str:
+    """The UTC day ("YYYY-MM-DD") before the one NOW (epoch seconds) falls in."""
+    return time.strftime("%Y-%m-%d", time.gmtime(now - DAY))
+
+
 @dataclass(frozen=True)
 class Scope:
     """One budget of a thread: its store key, period, limits and what it used."""
@@ -85,12 +90,14 @@ class Budgets:
         self.store = store
         self.clock = clock
         self._warned: set[Thread] = set()   # sessions whose collapse was announced
+        self._day: str | None = None        # the daily period last seen (to prune older)
 
     @classmethod
     def from_config(cls, config) -> Budgets:
         """Budgets for CONFIG; the store is opened only when some archetype has a budget."""
         settings: BudgetSettings = config.budget
-        store = BudgetStore(config.home / STORE_NAME) if settings.__pydantic_extra__ else None
+        store = (BudgetStore(config.home / STORE_NAME, keep_from=day_before(time.time()))
+                 if settings.__pydantic_extra__ else None)
         return cls(settings, config.llm, config.conversation.owners, store)
 
     def close(self) -> None:
@@ -104,8 +111,16 @@ class Budgets:
         return archetype, self.settings.for_archetype(archetype)
 
     def _period(self, budget: ArchetypeBudget) -> str:
-        return time.strftime("%Y-%m-%d", time.gmtime(self.clock())) \
-            if budget.renew == "daily" else "always"
+        """BUDGET's current period: today (UTC) when it renews daily, else "always".
+        A new day lets the store forget the days before yesterday."""
+        if budget.renew != "daily":
+            return "always"
+        now = self.clock()
+        day = time.strftime("%Y-%m-%d", time.gmtime(now))
+        if day != self._day and self.store is not None:
+            self._day = day
+            self.store.prune(day_before(now))
+        return day
 
     def renews(self, budget: ArchetypeBudget) -> str:
         """When BUDGET renews, for a person."""

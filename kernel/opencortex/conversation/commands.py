@@ -147,10 +147,15 @@ async def _save(commands: Commands, conv: Conversation, args: list[str],
                 given: CommandInput) -> str:
     name = " ".join(args) or f"{conv.thread.channel}-{conv.thread.chat_id}-{conv.log.branch}"
     first = conv.log.turns()[0].records[0].text if conv.log.turn_count() else ""
-    await commands.off_loop(commands.conversations.saved.save, name, conv.thread,
-                            conv.log.branch, conv.log.head, short(first, 60),
-                            owner=commands.conversations.owner(conv.thread))
-    return f"Saved as {name!r} (branch {conv.log.branch}, {conv.log.turn_count()} turns)."
+    saved = commands.conversations.saved
+    _, let_go = await commands.off_loop(saved.save_reporting, name, conv.thread,
+                                        conv.log.branch, conv.log.head, short(first, 60),
+                                        owner=commands.conversations.owner(conv.thread))
+    answer = f"Saved as {name!r} (branch {conv.log.branch}, {conv.log.turn_count()} turns)."
+    if let_go is not None:
+        answer += (f" {let_go!r} was let go: you keep the {saved.per_owner} names saved "
+                   "most recently.")
+    return answer
 
 
 @command("load", "/load NAME — continue a saved conversation", free_text=True)
