@@ -274,3 +274,59 @@ def test_the_inbox_waits_for_its_disk_off_the_loop(tmp_path, monkeypatch):
     again = Inbox(tmp_path / "inbox.jsonl")
     assert [m.position for m in again.pending()] == [2]
     again.close()
+
+
+def test_the_inbox_compacts_while_a_message_is_pending_and_keeps_it(tmp_path):
+    """A long turn pending must not keep every done message's text on disk."""
+    path = tmp_path / "inbox.jsonl"
+    inbox = Inbox(path)
+    inbox.add([message(position=1, text="still pending")])
+    for position in range(2, 2500):
+        inbox.add([message(position=position, text="done text")])
+        inbox.done(position)
+    inbox.close()
+    content = path.read_text()
+    assert content.count("done text") < 1100           # before: 2,498, and growing
+    again = Inbox(path)
+    assert [(m.position, m.text) for m in again.pending()] == [(1, "still pending")]
+    assert again.add([message(position=p) for p in (1, 2000, 2499)]) == []
+    again.close()
+
+
+def test_the_inbox_takes_positions_that_restart_lower_as_a_new_sequence(tmp_path, monkeypatch,
+                                                                       caplog):
+    from opencortex.bridges import inbox as inbox_module
+    monkeypatch.setattr(inbox_module, "DONE_WINDOW", 100)
+    monkeypatch.setattr(inbox_module, "RESTART_GAP", 20, raising=False)
+    path = tmp_path / "inbox.jsonl"
+    inbox = Inbox(path)
+    for position in range(1, 301):
+        inbox.add([message(position=position)])
+        inbox.done(position)
+    assert inbox.add([message(position=295)]) == []               # a recent redelivery
+    assert [m.position for m in inbox.add([message(position=150, text="zzqx")])] == [150]
+    assert "zzqx" not in caplog.text and "new sequence" in caplog.text
+    inbox.done(150)
+    assert [m.position for m in inbox.add([message(position=151)])] == [151]
+    inbox.close()
+    again = Inbox(path)                                           # the restart is durable
+    assert [m.position for m in again.pending()] == [151]
+    assert again.add([message(position=150), message(position=151)]) == []
+    assert [m.position for m in again.add([message(position=152)])] == [152]
+    assert [m.position for m in again.add([message(position=7)])] == [7]   # under 150: new
+    again.close()
+
+
+def test_a_low_priority_message_takes_only_a_free_slot_and_never_delays_others():
+    clock = Clock()
+    pacer = Pacer(per_chat=1.0, per_second=10.0, clock=clock)
+    assert pacer.try_now("stranger-1")
+    assert not pacer.try_now("stranger-2")       # the global slot is taken for 0.1 s
+
+    async def reply() -> None:
+        await pacer.wait("owner")                 # a reply reserves the next slot
+    asyncio.run(reply())
+    clock.now += 0.1
+    assert not pacer.try_now("stranger-2")       # the reply's slot: a refusal waits
+    clock.now += 0.15
+    assert pacer.try_now("stranger-2")

@@ -367,3 +367,54 @@ def test_after_a_crash_a_pending_message_already_archived_is_not_answered_again(
             await asyncio.sleep(0.3)
             assert texts(fake, OWNER) == ["[Echo] not yet"]
     run(scenario())
+
+
+def test_strangers_refusals_never_delay_the_owners_reply_and_leave_nothing_pending(home):
+    """300 strangers write first: their refusals are best effort, after the owner's reply
+    (through the shared pacer, first come first served, it waited 300/25 = 12 s)."""
+    async def scenario():
+        async with bridge(home) as (fake, running, kernel):
+            for n in range(300):
+                fake.send(100_000 + n, f"stranger text {n}")
+            fake.send(OWNER, "hello")
+            started = asyncio.get_running_loop().time()
+            await until(lambda: texts(fake, OWNER), 20)
+            assert asyncio.get_running_loop().time() - started < 2.0
+            await until(lambda: not running.inbox.pending(), 10)
+            assert running.gate.counts["stranger"] == 300
+            refused = [s for s in fake.sent if s.chat_id != str(OWNER)]
+            assert 1 <= len(refused) <= service.REFUSAL_BACKLOG
+            assert all(s.text == "Sorry, this is a private assistant." for s in refused)
+            await asyncio.sleep(0.2)   # the inbox's queued writes
+            assert "stranger text" not in running.inbox.path.read_text()   # never on disk
+    run(scenario())
+
+
+def test_update_ids_that_restart_below_the_done_window_are_answered(home, monkeypatch, caplog):
+    """After a week without updates Telegram picks the next update id at random, and a home
+    may move to another bot: ids under what the inbox handled start a new sequence."""
+    from opencortex.bridges import inbox as inbox_module
+    monkeypatch.setattr(inbox_module, "DONE_WINDOW", 40)
+    monkeypatch.setattr(inbox_module, "RESTART_GAP", 10, raising=False)
+
+    async def first():
+        async with bridge(home, strangers="silence") as (fake, running, kernel):
+            for n in range(60):
+                fake.send(100_000 + n, "x")
+            fake.send(OWNER, "before")
+            await until(lambda: texts(fake, OWNER))
+
+    async def second(start: int):
+        async with bridge(home, strangers="silence") as (fake, running, kernel):
+            fake.next_update = start
+            for n in range(3):
+                fake.send(OWNER, f"after {start} {n}")
+                await until(lambda: len(texts(fake, OWNER)) == n + 1, 10)
+            await until(lambda: fake.confirmed >= start + 2, 10)
+            assert fake.updates == [] or fake.updates[0]["update_id"] > start + 2
+    run(first())        # ids 1..61: done window 22..61, floor 21
+    run(second(5))      # under the floor
+    run(first())
+    run(second(30))     # inside the done window, far under the highest (61)
+    assert "after" not in caplog.text
+    assert "a new sequence of update ids" in caplog.text

@@ -267,3 +267,25 @@ def test_webhook_settings_are_checked():
     with pytest.raises(ValidationError, match="must start with /"):
         TelegramSettings(webhook_url=HOOK, webhook_path="hook")
     assert TelegramSettings(webhook_url=HOOK, webhook_path="/in").webhook_path == "/in"
+
+
+def test_update_ids_that_start_again_lower_are_answered_over_the_webhook(home, monkeypatch):
+    """The same inbox serves the webhook: ids under what it handled start a new sequence."""
+    from opencortex.bridges import inbox as inbox_module
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    monkeypatch.setattr(inbox_module, "DONE_WINDOW", 4)
+    monkeypatch.setattr(inbox_module, "RESTART_GAP", 2, raising=False)
+
+    async def scenario():
+        async with webhook_bridge(home) as (fake, running, inbox, port, _):
+            fake.next_update = 100
+            for n in range(10):
+                assert await post(port, fake.message_update(900 + n, "x")) == 200
+            assert await post(port, fake.message_update(OWNER, "before")) == 200
+            await until(lambda: texts(fake, OWNER))
+            await until(lambda: not inbox.pending())
+            fake.next_update = 5                          # under the floor (106)
+            assert await post(port, fake.message_update(OWNER, "after")) == 200
+            await until(lambda: len(texts(fake, OWNER)) == 2, 10)
+            assert texts(fake, OWNER) == ["[Echo] before", "[Echo] after"]
+    run(scenario())

@@ -59,6 +59,13 @@ class Gate:
     def is_allowed(self, sender_id: str) -> bool:
         return sender_id in self.settings.allow
 
+    def may_speak(self, message: Inbound) -> bool:
+        """Whether MESSAGE's content may be kept at all: from an allowed sender, and in a
+        group only in an allowed one (nothing is counted; `decide` still decides)."""
+        if not self.is_allowed(message.sender_id):
+            return False
+        return not message.is_group or message.chat_id in self.settings.groups
+
     def _access(self, message: Inbound) -> Verdict:
         allowed = self.is_allowed(message.sender_id)
         if message.is_group:

@@ -14,9 +14,18 @@ after later ones were taken), so what was handled is remembered by position: the
 last `DONE_WINDOW` done positions exactly, and below them a floor.  A message is
 new when it is not pending, not among the done ones, and above the floor.
 
+Positions need not rise for ever: Telegram picks the next update id at random
+after a week without updates, and another bot token has ids of its own.  A
+platform never hands out again what it was told arrived, and what it hands out
+again after a crash is recent (at most `RESTART_GAP` under the highest position
+kept).  So a position under the floor, or a done one further than that under the
+highest, starts a new sequence: it is taken, a warning is logged (no content),
+and the done window starts afresh from it.
+
 The file lives in the kernel home (mode 0600).  It holds message text only
-until the message is done: when nothing is pending it is rewritten to one line
-holding the floor and the done window, so redelivered positions are skipped.
+until the message is done: every `COMPACT_AFTER` lines it is rewritten to the
+floor, the done window and the messages still pending, so redelivered positions
+are skipped and a long turn does not keep done messages' text on disk.
 
 The disk is never touched on the event loop: the inbox's own thread writes,
 in order, what the loop decided (`keep` waits for its fsync there).  A done
@@ -39,8 +48,9 @@ from opencortex.bridges.inbound import Inbound
 
 log = logging.getLogger(__name__)
 
-COMPACT_AFTER = 1000   # done lines before the file is rewritten (when nothing is pending)
+COMPACT_AFTER = 1000   # lines (beyond the pending messages) before the file is rewritten
 DONE_WINDOW = 10_000   # done positions remembered exactly
+RESTART_GAP = 1000     # a done position further under the highest starts a new sequence
 
 
 class Inbox:
@@ -52,6 +62,7 @@ class Inbox:
         self.floor = -1                      # positions at or below it count as done
         self._done: dict[int, None] = {}     # the latest done positions, oldest first
         self._pending: dict[int, Inbound] = {}
+        self.high = -1                       # the highest position kept in this sequence
         self._lines = 0                      # lines in the file once the queued writes are done
         self._load()
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -75,14 +86,19 @@ class Inbox:
         if "add" in record:
             message = Inbound(**record["add"])
             self._pending[message.position] = message
+            self.high = max(self.high, message.position)
+        elif "restart" in record:                # a new sequence began at this position
+            self._restart(int(record["restart"]))
         elif "floor" in record:                  # a compacted file: floor and done window
             self.floor = max(self.floor, int(record["floor"]))
+            self.high = max(self.high, int(record.get("high", self.floor)))
             for position in record.get("done", []):
                 self._mark_done(int(position))
         elif "done" in record:
             self._mark_done(int(record["done"]))
         elif "high" in record:                   # the format before the done window
             self.floor = max(self.floor, int(record["high"]))
+            self.high = max(self.high, self.floor)
 
     def _mark_done(self, position: int) -> None:
         self._pending.pop(position, None)
@@ -96,6 +112,20 @@ class Inbox:
         """Whether POSITION was never kept before (pending, done, or under the floor)."""
         return (position > self.floor and position not in self._pending
                 and position not in self._done)
+
+    def starts_sequence(self, position: int) -> bool:
+        """Whether POSITION can only be the start of a new sequence: under the floor, or
+        done but too far under the highest position to be handed out again."""
+        if position in self._pending:
+            return False
+        return position <= self.floor or (position in self._done
+                                          and position < self.high - RESTART_GAP)
+
+    def _restart(self, position: int) -> None:
+        """Forget the done window of the sequence before POSITION (pending ones stay)."""
+        self._done.clear()
+        self.floor = -1
+        self.high = position
 
     def _write(self, records: list[dict], *, sync: bool) -> None:
         """Append RECORDS (in the inbox's thread), then fsync with SYNC."""
@@ -114,15 +144,23 @@ class Inbox:
     def _fresh(self, messages: list[Inbound]) -> tuple[list[Inbound], Future | None]:
         """The MESSAGES not seen before, in position order, and their queued durable write."""
         fresh: dict[int, Inbound] = {}
+        records: list[dict] = []
         for message in messages:
+            if self.starts_sequence(message.position):
+                log.warning("bridge inbox: position %d is under the ones handled before "
+                            "(up to %d): a new sequence of update ids; continuing from it",
+                            message.position, self.high)
+                self._restart(message.position)
+                records.append({"restart": message.position})
             if self.is_new(message.position):
                 fresh.setdefault(message.position, message)
         ordered = [fresh[p] for p in sorted(fresh)]
         if not ordered:
             return [], None
-        self._lines += len(ordered)
-        return ordered, self._queue(self._write, [{"add": dataclasses.asdict(m)}
-                                                  for m in ordered], sync=True)
+        self.high = max(self.high, ordered[-1].position)
+        records += [{"add": dataclasses.asdict(m)} for m in ordered]
+        self._lines += len(records)
+        return ordered, self._queue(self._write, records, sync=True)
 
     def _pend(self, ordered: list[Inbound]) -> list[Inbound]:
         for message in ordered:
@@ -152,17 +190,18 @@ class Inbox:
         self._mark_done(position)
         self._lines += 1
         self._queue(self._write, [{"done": position}], sync=False).add_done_callback(_logged)
-        if self._lines > COMPACT_AFTER:
+        if self._lines > COMPACT_AFTER + 2 * len(self._pending):
             self.compact()
 
     def compact(self) -> None:
-        """Have the file rewritten to one line, the floor and the done window (queued),
-        unless something is pending."""
-        if self._pending or self._closed:
+        """Have the file rewritten (queued) to the floor, the done window and the
+        messages still pending: the text of done messages leaves the disk."""
+        if self._closed:
             return
-        self._lines = 1
-        self._queue(self._write_compacted, self.floor, list(self._done)).add_done_callback(
-            _logged)
+        pending = [{"add": dataclasses.asdict(m)} for m in self.pending()]
+        self._lines = 1 + len(pending)
+        head = {"floor": self.floor, "high": self.high, "done": list(self._done)}
+        self._queue(self._write_compacted, [head, *pending]).add_done_callback(_logged)
 
     def _sync(self) -> None:
         os.fsync(self._fd)
@@ -171,14 +210,16 @@ class Inbox:
         """Messages not yet handled, oldest first."""
         return [self._pending[p] for p in sorted(self._pending)]
 
-    def _write_compacted(self, floor: int, done: list[int]) -> None:
-        """Rewrite the file as one line, FLOOR and DONE (in the inbox's thread): nothing
-        was pending, only what was done matters."""
+    def _write_compacted(self, records: list[dict]) -> None:
+        """Rewrite the file as RECORDS (in the inbox's thread): the floor and done window,
+        then the pending messages."""
         temporary = self.path.with_name(self.path.name + ".new")
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                              0o600)
+        data = b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8", "surrogatepass")
+                        + b"\n" for r in records)
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(json.dumps({"floor": floor, "done": done}).encode() + b"\n")
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, self.path)

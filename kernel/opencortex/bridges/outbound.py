@@ -6,7 +6,9 @@
   block (``` fences or org `#+begin_…`/`#+end_…`); a block longer than one piece
   is closed at the cut and reopened in the next piece, so each piece renders.
 - `Pacer` spaces messages out within a platform's published limits: at most one
-  message per `per_chat` seconds in one chat and `per_second` overall.
+  message per `per_chat` seconds in one chat and `per_second` overall; a
+  low-priority message (a refusal to a stranger) takes a slot only when one is
+  free at once (`try_now`), so it never delays the others.
 - `deliver` sends pieces in order through a platform call, honouring the
   platform's retry-after (`RetryAfter`) a bounded number of times.
 """
@@ -114,6 +116,16 @@ class Pacer:
         self._next_global = at + self.interval
         if at > now:
             await asyncio.sleep(at - now)
+
+    def try_now(self, chat_id: str) -> bool:
+        """Take a slot for a low-priority message to CHAT_ID only if the global budget
+        and the chat are free at once (True); never queues, so it delays no one."""
+        now = self.clock()
+        if self._next_global > now or self._next_in_chat.get(chat_id, 0.0) > now:
+            return False
+        self._next_in_chat[chat_id] = now + self.per_chat
+        self._next_global = now + self.interval
+        return True
 
 
 async def with_retry_after(send: Callable[[], Awaitable[object]], *,

@@ -4,7 +4,11 @@
 `Inbox` before acknowledging it, and hands it to a worker per chat (turns of
 one chat in order, chats in parallel).  For each message, in order:
 
-1. the `Gate` decides (strangers, groups, flood) before anything else sees it;
+1. the `Gate` decides (strangers, groups, flood) as it arrives, before anything
+   else sees it; what it does not let in is done at once (its text leaves the
+   inbox), and a stranger's refusal is best effort: queued (at most
+   `REFUSAL_BACKLOG`, the rest dropped) and sent only when the platform's global
+   budget is free, so replies to allowed chats always go first;
 2. a reply "approve"/"deny" to an open approval of the sender settles it;
 3. media without a caption gets "text only"; edits and deletions are ignored;
 4. `/start` (and `/cmd@bot` in groups) become the kernel's commands;
@@ -21,8 +25,10 @@ failed with the person told why).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
+from collections import deque
 from typing import Any
 
 from opencortex.actuation import PLATFORM_ID
@@ -49,6 +55,7 @@ TYPING_AFTER = 0.5      # seconds a turn runs before the typing indicator is sho
 TYPING_EVERY = 4.0      # seconds; platforms drop the indicator after about 5
 BACKOFF_MAX = 60.0      # seconds between attempts to reach a failing platform
 STOP_GRACE = 10.0       # seconds turns in flight may take to finish on stop
+REFUSAL_BACKLOG = 100   # refusals waiting for a free slot; more are dropped
 
 
 def command_menu() -> list[tuple[str, str]]:
@@ -102,9 +109,11 @@ class Bridge:
         self.approver = BridgeApprover(platform, settings.approvers,
                                        settings.approval_timeout or approval_timeout)
         self.status: dict[str, Any] = {"state": "starting", "errors": 0, "last_error": ""}
-        self._chats: dict[str, asyncio.Queue[Inbound]] = {}
+        self._chats: dict[str, asyncio.Queue[tuple[Inbound, str]]] = {}
         self._workers: set[asyncio.Task[None]] = set()
         self._replayed: set[int] = set()   # pending at start: maybe archived before a crash
+        self._refusals: deque[str] = deque()   # chats owed a refusal, sent when free
+        self._refuser: asyncio.Task[None] | None = None
         self.bot_name = ""
         kernel.actuators.register(self.actuator)
         kernel.approvers[platform.channel] = self.approver
@@ -135,7 +144,7 @@ class Bridge:
                     log.info("%s bridge connected", self.channel)
                     for message in self.inbox.pending():
                         self._replayed.add(message.position)
-                        self._dispatch(message)
+                        self._admit(message)
                 await self._fetch_once(stop)
                 self.status["state"], delay = "running", 1.0
             except BridgeError as error:
@@ -154,16 +163,21 @@ class Bridge:
             fetch.cancel()
             return
         items = fetch.result()
-        fresh = await self.inbox.keep([item for item in items if isinstance(item, Inbound)])
+        fresh = await self.inbox.keep([self._stripped(item) for item in items
+                                       if isinstance(item, Inbound)])
         await self.platform.acknowledge()
         for message in fresh:
-            if self._settles_approval(message):
-                self.inbox.done(message.position)
-            else:
-                self._dispatch(message)
+            self._admit(message)
         for item in items:
             if isinstance(item, Decision):
                 await self._decision(item)
+
+    def _stripped(self, message: Inbound) -> Inbound:
+        """MESSAGE as the inbox may keep it: a stranger's without its text or name (it is
+        only refused or ignored, and their content is never kept)."""
+        if self.gate.may_speak(message):
+            return message
+        return dataclasses.replace(message, text="", sender_name="")
 
     def _report(self, error: BridgeError) -> None:
         self.status.update(state="retrying", last_error=str(error))
@@ -179,6 +193,8 @@ class Bridge:
 
     async def _drain(self) -> None:
         """Let turns in flight finish (bounded), then release the platform."""
+        if self._refuser is not None:
+            self._refuser.cancel()
         if self._workers:
             _, late = await asyncio.wait(self._workers, timeout=STOP_GRACE)
             for task in late:
@@ -186,15 +202,54 @@ class Bridge:
         await self.platform.stop()
         self.inbox.close()
 
+    def _admit(self, message: Inbound) -> None:
+        """Gate MESSAGE as it arrives: settle an approval it answers, queue it for its
+        chat, or drop it at once (done: nothing of it stays), owing a stranger a refusal."""
+        decision = self.gate.decide(message).decision
+        if decision == "allow" and self._settles_approval(message):
+            self.inbox.done(message.position)
+        elif decision in ("allow", "flood-notice"):
+            self._dispatch(message, decision)
+        else:
+            self.inbox.done(message.position)
+            self._replayed.discard(message.position)
+            if decision == "refuse":
+                self._refuse(message.chat_id)
+
+    def _refuse(self, chat_id: str) -> None:
+        """Owe CHAT_ID a refusal, unless REFUSAL_BACKLOG are owed already (then dropped)."""
+        if len(self._refusals) >= REFUSAL_BACKLOG:
+            self.gate.counts["refusal-dropped"] += 1
+            return
+        self._refusals.append(chat_id)
+        if self._refuser is None or self._refuser.done():
+            self._refuser = asyncio.create_task(self._send_refusals())
+
+    async def _send_refusals(self) -> None:
+        """Send the refusals owed, each only when the pacer has a free slot at once (low
+        priority: a reply waiting goes first); one attempt each, a failure drops it."""
+        pacer = self.actuator.pacer
+        while self._refusals:
+            if not pacer.try_now(self._refusals[0]):
+                await asyncio.sleep(pacer.interval)
+                continue
+            chat_id = self._refusals.popleft()
+            try:
+                await self.platform.send(chat_id, "", self.settings.refusal_text)
+            except Exception as error:   # best effort: a refusal never stops the others
+                log.info("%s bridge: a refusal was not sent: %s", self.channel,
+                         type(error).__name__)
+
     def _settles_approval(self, message: Inbound) -> bool:
-        """Settle an open approval when MESSAGE answers it ("approve", "deny", …).
+        """Settle an open approval when MESSAGE (let in by the gate) answers it
+        ("approve", "deny", …).
 
         Decided here, as it arrives: queued behind the turn that waits for this very
         answer, it would only be read after the approval expired."""
         answer = parse_answer(message.text) if message.kind == "text" else None
         approval = self.approver.open_in(message.chat_id, message.sender_id) \
             if answer is not None else None
-        if approval is None or self.gate.decide(message).decision != "allow":
+        if approval is None:
             return False
         said = self.approver.decide(approval, self.approver.digest_of(approval),
                                     message.sender_id, bool(answer))
@@ -205,22 +260,23 @@ class Bridge:
 
     # -- per chat -------------------------------------------------------------
 
-    def _dispatch(self, message: Inbound) -> None:
-        """Queue MESSAGE behind earlier ones of its chat; start the chat's worker if idle."""
+    def _dispatch(self, message: Inbound, decision: str) -> None:
+        """Queue MESSAGE (and the gate's DECISION) behind earlier ones of its chat; start
+        the chat's worker if idle."""
         queue = self._chats.get(message.chat_id)
         if queue is None:
             queue = self._chats[message.chat_id] = asyncio.Queue()
             task = asyncio.create_task(self._work(message.chat_id, queue))
             self._workers.add(task)
             task.add_done_callback(self._workers.discard)
-        queue.put_nowait(message)
+        queue.put_nowait((message, decision))
 
-    async def _work(self, chat_id: str, queue: asyncio.Queue[Inbound]) -> None:
+    async def _work(self, chat_id: str, queue: asyncio.Queue[tuple[Inbound, str]]) -> None:
         try:
             while not queue.empty():
-                message = queue.get_nowait()
+                message, decision = queue.get_nowait()
                 try:
-                    await self._handle(message)
+                    await self._handle(message, decision)
                 except Exception as error:   # one message must not stop its chat
                     log.error("%s bridge: a message failed: %s", self.channel,
                               type(error).__name__)
@@ -229,13 +285,10 @@ class Bridge:
         finally:
             self._chats.pop(chat_id, None)
 
-    async def _handle(self, message: Inbound) -> None:
-        verdict = self.gate.decide(message)
-        if verdict.decision == "refuse":
-            await self._say(message.chat_id, self.settings.refusal_text)
-        elif verdict.decision == "flood-notice":
+    async def _handle(self, message: Inbound, decision: str) -> None:
+        """MESSAGE of a chat, its turn come: the flood notice, or the turn itself."""
+        if decision == "flood-notice":
             await self._say(message.chat_id, flood_notice(self.settings))
-        if verdict.decision != "allow":
             return
         if message.kind in ("edit", "deletion", "other"):
             log.info("%s bridge: %s of an earlier message ignored", self.channel, message.kind)

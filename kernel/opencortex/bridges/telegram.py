@@ -70,7 +70,7 @@ class TelegramPlatform(Platform):
                        get_updates_request=HTTPXRequest(
                            read_timeout=settings.poll_timeout + 10.0))
         self.username = ""
-        self._fetched: int | None = None   # highest update id fetched
+        self._fetched: int | None = None   # the last update id fetched
         self._offset: int | None = None    # what getUpdates asks from
         self.receiver: WebhookReceiver | None = None   # in webhook mode
 
@@ -159,7 +159,7 @@ class TelegramPlatform(Platform):
                         "only through a reverse proxy that terminates TLS",
                         settings.webhook_listen)
         # One request in flight: updates of different chats cannot overtake each other
-        # on parallel connections (the inbox skips positions below its highest).
+        # on parallel connections (each chat's turns run in the order kept).
         await self._call("setWebhook", self.bot.set_webhook(
             settings.webhook_url, max_connections=1, allowed_updates=UPDATES,
             drop_pending_updates=False, secret_token=secret))
@@ -178,9 +178,8 @@ class TelegramPlatform(Platform):
         updates = await self._call("getUpdates", self.bot.get_updates(
             offset=self._offset, timeout=self.settings.poll_timeout, allowed_updates=UPDATES))
         items: list[Inbound | Decision] = []
-        for update in updates:
-            if self._fetched is None or update.update_id > self._fetched:
-                self._fetched = update.update_id
+        for update in updates:   # in order: the last one is confirmed (ids may restart)
+            self._fetched = update.update_id
             item = self._item(update)
             if item is not None:
                 items.append(item)
