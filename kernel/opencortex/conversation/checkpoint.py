@@ -146,8 +146,9 @@ def parse_checkpoint(value: str) -> Checkpoint | None:
 
 
 def checkpoint_message(thread: Thread, checkpoint: Checkpoint) -> NewMessage:
-    """The control record (a write of its own) that ends THREAD, filled by other means
-    than turns (`memory import`), with CHECKPOINT, so a start resumes from there."""
+    """The control record (a write of its own) that ends THREAD with CHECKPOINT, so a start
+    resumes from there: THREAD was filled by other means than turns (`memory import`),
+    or its working context filled anew (see `Conversations.refill`)."""
     message = control_message(
         thread, "checkpoint", target=checkpoint.head, branch=checkpoint.branch,
         text=f"Checkpoint after {checkpoint.turns} turns (a restart resumes here)")
