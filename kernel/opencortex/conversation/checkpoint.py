@@ -4,7 +4,7 @@ A turn written through `Conversations.record_turn` carries, on its last reply
 record, one extra property `:CHECKPOINT:` describing the thread log's state
 just BEFORE that write (the write itself is replayed on top of it)::
 
-    :CHECKPOINT: head=<id> branch=main turns=41 tokens=5230 seen=<id> first=<id> strategy=summarize pins=<id>,<id> summary=<id> oldest=<id> smalltalk=<id> above=312 unpinned=<id> sum=<crc32>
+    :CHECKPOINT: head=<id> branch=main turns=41 tokens=5230 seen=<id> first=<id> strategy=summarize pins=<id>,<id> summary=<id> oldest=<id> smalltalk=<id> above=312 unpinned=<id> summaries=summary:<id> sum=<crc32>
 
 - head, branch: the current branch and its newest message ("" when empty);
 - turns, tokens: that branch's turn count and TOKENS_IN + TOKENS_OUT so far;
@@ -15,13 +15,15 @@ just BEFORE that write (the write itself is replayed on top of it)::
   so a reader can tell that older messages were not forgotten since;
 - summary: the newest summary record of the branch ("" = none), which a restart
   puts back even when it lies before the tail it reads;
-- oldest, smalltalk, above, unpinned: the working context (see `ContextMark`),
-  so that a restart restores the context the thread had: the oldest message it
-  held that is not pinned ("-" = none; "" = not known: written without a
-  context, by `memory import`), the newest small-talk message compression let
-  go ("" = none), the tokens it had to pass to compress again ("" = the
-  threshold), and the messages it held in their place because they were pinned
-  when older ones left (unpinned since, not let go yet);
+- oldest, smalltalk, above, unpinned, summaries: the working context (see
+  `ContextMark`), so that a restart restores the context the thread had: the
+  oldest message it held that is not pinned ("-" = none; "" = not known:
+  written without a context, by `memory import`), the newest small-talk message
+  compression let go ("" = none), the tokens it had to pass to compress again
+  ("" = the threshold), the messages it held in their place because they were
+  pinned when older ones left (unpinned since, not let go yet), and the kept
+  summaries it held (their entry ids, in the context's order; see
+  `storedsummaries`);
 - sum: the CRC-32 of everything before it, so that a hand edit of the line is
   noticed (a checkpoint saying 999 turns would number every later turn wrong).
 
@@ -46,7 +48,7 @@ from opencortex.memory import NewMessage
 CHECKPOINT = "CHECKPOINT"
 _FIELD = re.compile(r"([a-z]+)=(\S*)")
 _FIELDS = ("head", "branch", "turns", "tokens", "seen", "first", "strategy", "pins", "summary",
-           "oldest", "smalltalk", "above", "unpinned", "sum")
+           "oldest", "smalltalk", "above", "unpinned", "summaries", "sum")
 NONE_KEPT = "-"          # `oldest` of a context that held no message but pinned ones
 
 
@@ -61,13 +63,16 @@ class ContextMark:
     tokens (None: at once), as a context stuck above it waits for a band of
     new tokens.  UNPINNED are messages it holds in their place, older than
     OLDEST or small talk before SMALLTALK, because they were pinned then (an
-    unpinned message stays until a compression lets it go).
+    unpinned message stays until a compression lets it go).  SUMMARIES are the
+    entry ids of the summaries it holds (kept as records of the thread), in
+    its order: each stands where the first message it covers stood.
     """
 
     oldest: str | None
     smalltalk: str | None = None
     above: int | None = None
     unpinned: frozenset[str] = frozenset()
+    summaries: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,11 +97,13 @@ class Checkpoint:
         smalltalk = (mark and mark.smalltalk) or ""
         above = "" if mark is None or mark.above is None else mark.above
         unpinned = ",".join(sorted(mark.unpinned)) if mark is not None else ""
+        summaries = ",".join(mark.summaries) if mark is not None else ""
         value = (f"head={self.head or ''} branch={quote(self.branch, safe='')} "
                  f"turns={self.turns} tokens={self.tokens} seen={self.seen or ''} "
                  f"first={self.first or ''} strategy={self.strategy or ''} "
                  f"pins={','.join(sorted(self.pins))} summary={self.summary or ''} "
-                 f"oldest={oldest} smalltalk={smalltalk} above={above} unpinned={unpinned}")
+                 f"oldest={oldest} smalltalk={smalltalk} above={above} unpinned={unpinned} "
+                 f"summaries={summaries}")
         return f"{value} sum={_sum(value)}"
 
 
@@ -129,7 +136,8 @@ def parse_checkpoint(value: str) -> Checkpoint | None:
     oldest = fields["oldest"]
     context = None if not oldest else ContextMark(
         oldest=None if oldest == NONE_KEPT else oldest, smalltalk=fields["smalltalk"] or None,
-        above=above, unpinned=_ids(fields["unpinned"]))
+        above=above, unpinned=_ids(fields["unpinned"]),
+        summaries=tuple(i for i in fields["summaries"].split(",") if i))
     return Checkpoint(head=fields["head"] or None, branch=branch, turns=turns, tokens=tokens,
                       seen=fields["seen"] or None, first=fields["first"] or None,
                       strategy=fields["strategy"] or None,
@@ -138,8 +146,9 @@ def parse_checkpoint(value: str) -> Checkpoint | None:
 
 
 def checkpoint_message(thread: Thread, checkpoint: Checkpoint) -> NewMessage:
-    """The control record (a write of its own) that ends THREAD, filled by other means
-    than turns (`memory import`), with CHECKPOINT, so a start resumes from there."""
+    """The control record (a write of its own) that ends THREAD with CHECKPOINT, so a start
+    resumes from there: THREAD was filled by other means than turns (`memory import`),
+    or its working context filled anew (see `Conversations.refill`)."""
     message = control_message(
         thread, "checkpoint", target=checkpoint.head, branch=checkpoint.branch,
         text=f"Checkpoint after {checkpoint.turns} turns (a restart resumes here)")

@@ -15,6 +15,9 @@ are touched; everything else comes back unchanged and in place.
   and the compressed context; while it exceeds the tolerance, step to a gentler
   fold (a larger share of the target for the summary), and report the loss.
 
+`recorded_fold` makes again a fold of summarize or galois that a kept summary
+records, without the summarizer (see `WorkingContext.replay`).
+
 Summarizers live in `summaries`, semantic measures in `similarity`; both are
 re-exported here.
 """
@@ -35,7 +38,8 @@ from opencortex.ids import random_uuid
 __all__ = [
     "STRATEGIES", "CompressionReport", "EmbeddingSimilarity", "Folding", "LexicalSimilarity",
     "Similarity", "Summarizer", "backend_summarizer", "context_text", "extract_summary",
-    "extractive_summarizer", "fit_tokens", "fold", "similarity_from_name", "turn_span",
+    "extractive_summarizer", "fit_tokens", "fold", "recorded_fold", "similarity_from_name",
+    "turn_span",
 ]
 
 STRATEGIES: tuple[str, ...] = ("sliding", "forget", "summarize", "galois")
@@ -208,23 +212,39 @@ async def _summarized(entries: list[Entry], movable: Sequence[bool], k: int, all
     """Fold the K oldest movable entries into one summary entry of at most ALLOWANCE tokens."""
     chosen = [i for i, flag in enumerate(movable) if flag][:k]
     folded = [entries[i] for i in chosen]
-    what = _turns_phrase(folded)
+    header = _header(folded)
+    body_allowance = allowance - count_tokens(header)
+    if body_allowance < MIN_SUMMARY_BODY:
+        return _without(entries, set(chosen),
+                        f"dropped {_turns_phrase(folded)} (no room left for a summary)")
+    body = fit_tokens((await summarizer(folded, body_allowance)).strip(), body_allowance)
+    text = fit_tokens(header + body, allowance)
+    return _folded_into(entries, chosen, text, f"summary:{random_uuid()}")
+
+
+def _header(folded: Sequence[Entry]) -> str:
+    """"[Summary of turns 2-4] ": what a summary of FOLDED starts with."""
     turns = [e.turn for e in folded if e.turn > 0]
     first, last = (min(turns), max(turns)) if turns else (0, 0)
     span = "earlier messages" if not turns else f"turn {first}" if first == last \
         else f"turns {first}-{last}"
-    header = f"[Summary of {span}] "
-    body_allowance = allowance - count_tokens(header)
-    if body_allowance < MIN_SUMMARY_BODY:
-        return _without(entries, set(chosen), f"dropped {what} (no room left for a summary)")
-    body = fit_tokens((await summarizer(folded, body_allowance)).strip(), body_allowance)
-    text = fit_tokens(header + body, allowance)
-    covers: list[str] = []
-    for entry in folded:
-        covers.extend(entry.covers if entry.kind == "summary" and entry.covers else (entry.id,))
-    summary = Entry(id=f"summary:{random_uuid()}", role="system", text=text,
-                    turn=first, retention="REQUIRED", kind="summary",
-                    tokens=max(1, count_tokens(text)), covers=tuple(dict.fromkeys(covers)))
+    return f"[Summary of {span}] "
+
+
+def _covered(entry: Entry) -> tuple[str, ...]:
+    """The ids of the messages ENTRY stands for: its own, or those a summary covers."""
+    return entry.covers if entry.kind == "summary" and entry.covers else (entry.id,)
+
+
+def _folded_into(entries: list[Entry], chosen: list[int], text: str, entry_id: str) -> Folding:
+    """ENTRIES with those at CHOSEN (indexes, oldest first) replaced by one summary
+    entry ENTRY_ID saying TEXT, where the first of them was."""
+    folded = [entries[i] for i in chosen]
+    turns = [e.turn for e in folded if e.turn > 0]
+    covers = tuple(dict.fromkeys(i for entry in folded for i in _covered(entry)))
+    summary = Entry(id=entry_id, role="system", text=text, turn=min(turns) if turns else 0,
+                    retention="REQUIRED", kind="summary", tokens=max(1, count_tokens(text)),
+                    covers=covers)
     gone = set(chosen)
     result: list[Entry] = []
     for i, entry in enumerate(entries):
@@ -232,20 +252,54 @@ async def _summarized(entries: list[Entry], movable: Sequence[bool], k: int, all
             result.append(summary)
         if i not in gone:
             result.append(entry)
-    return Folding(result, summarized=tuple(e.id for e in folded), note=f"summarised {what}")
+    return Folding(result, summarized=tuple(e.id for e in folded),
+                   note=f"summarised {_turns_phrase(folded)}")
+
+
+def _sizes(strategy: str, entries: list[Entry], movable: Sequence[bool],
+           target: int) -> list[tuple[int, int]]:
+    """The (count, allowance) folds STRATEGY may choose among, gentlest last."""
+    ratios = (SUMMARY_RATIO,) if strategy == "summarize" else (*GALOIS_RATIOS, None)
+    sizes: list[tuple[int, int]] = []
+    for ratio in ratios:
+        size = _summary_size(entries, movable, target, ratio)
+        if size not in sizes:
+            sizes.append(size)
+    return sizes
+
+
+def recorded_fold(strategy: str, entries: Sequence[Entry], movable: Sequence[bool],
+                  target: int, recorded: Entry) -> Folding | None:
+    """The fold summarize or galois made of ENTRIES when it made RECORDED (a kept summary:
+    its first and last covers are the first and last message it folded), made again
+    with RECORDED's text and id: the oldest movable entries up to the one covering
+    its last message.  None when STRATEGY would not fold, or not that way (the
+    entries differ from the ones it was made of, or it is no size STRATEGY picks)."""
+    entries = list(entries)
+    if strategy not in ("summarize", "galois") or not recorded.covers or not any(movable) \
+            or sum(e.tokens for e in entries) <= target:
+        return None
+    candidates = [i for i, flag in enumerate(movable) if flag]
+    first, last = recorded.covers[0], recorded.covers[-1]
+    count = next((n for n, i in enumerate(candidates, start=1)
+                  if last in _covered(entries[i])), None)
+    if count is None or first not in _covered(entries[candidates[0]]):
+        return None
+    header = _header([entries[i] for i in candidates[:count]])
+    needs = max(count_tokens(recorded.text), count_tokens(header) + MIN_SUMMARY_BODY)
+    sizes = _sizes(strategy, entries, movable, target)
+    if not recorded.text.startswith(header) or all(
+            k != count or allowance < needs for k, allowance in sizes):
+        return None
+    return _folded_into(entries, candidates[:count], recorded.text, recorded.id)
 
 
 async def _galois(entries: list[Entry], movable: Sequence[bool], target: int,
                   summarizer: Summarizer, similarity: Similarity, tolerance: float,
                   reference: str) -> Folding:
     """Summarize, measuring the loss; step to gentler folds while it exceeds TOLERANCE."""
-    sizes: list[tuple[int, int]] = []
-    for ratio in (*GALOIS_RATIOS, None):
-        size = _summary_size(entries, movable, target, ratio)
-        if size not in sizes:
-            sizes.append(size)
     best: tuple[float, Folding] | None = None
-    for step, (k, allowance) in enumerate(sizes):
+    for step, (k, allowance) in enumerate(_sizes("galois", entries, movable, target)):
         candidate = await _summarized(entries, movable, k, allowance, summarizer)
         loss = similarity.distance(reference, context_text(candidate.entries))
         if best is None or loss < best[0]:

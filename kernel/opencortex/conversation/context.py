@@ -14,7 +14,10 @@ entries too large) compresses once per band of new tokens, not on every add.
 Unpinning or changing the strategy lifts the wait (there may be room now).
 Every compression returns a `CompressionReport` saying what was folded.
 `mark` says where the context starts on its branch, for the checkpoint a turn
-writes: a restart restores exactly these entries (see `restoredcontext`).
+writes: a restart restores exactly these entries (see `restoredcontext`), and
+`replay` has the next compression fold as a kept summary says one did, with
+its text, so that a restart takes the checkpoint's turn without asking the
+summarizer again.
 
 Nothing here reads the archive: the caller builds the entries (from the
 thread log, recall, the persona) and adds them.  Logs carry counts and ids,
@@ -25,13 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import KeysView
+from collections.abc import KeysView, Sequence
 from typing import Literal
 
 from opencortex.conversation.checkpoint import ContextMark
 from opencortex.conversation.compression import (
-    STRATEGIES, CompressionReport, Similarity, Summarizer, context_text, extractive_summarizer,
-    fold)
+    STRATEGIES, CompressionReport, Folding, Similarity, Summarizer, context_text,
+    extractive_summarizer, fold, recorded_fold)
 from opencortex.conversation.entries import Entry, Retention, count_tokens, default_retention
 from opencortex.conversation.similarity import LexicalSimilarity, similarity_from_name
 
@@ -76,6 +79,7 @@ class WorkingContext:
         self.compressions = 0
         self._smalltalk_gone: Entry | None = None   # the newest small talk compression let go
         self._unpinned: set[str] = set()            # messages unpinned in place, maybe gone
+        self._recorded: tuple[Entry, ...] = ()      # kept summaries a fold may make again
         self._used = 0
         # Hysteresis: after a compression ending at U tokens, `add` compresses again only
         # above U + (threshold - target) * budget (normally that is just "above the threshold").
@@ -185,9 +189,11 @@ class WorkingContext:
                 kept_protected.append(fixed)
         movable = [e.retention == "REQUIRED" and not fixed
                    for e, fixed in zip(kept, kept_protected)]
-        folding = await fold(self.strategy, kept, movable, target, summarizer=self.summarizer,
-                             similarity=self.similarity, tolerance=self.tolerance,
-                             reference=reference)
+        folding = self._recorded_fold(kept, movable, target)
+        if folding is None:
+            folding = await fold(self.strategy, kept, movable, target,
+                                 summarizer=self.summarizer, similarity=self.similarity,
+                                 tolerance=self.tolerance, reference=reference)
         self.entries = folding.entries
         self._used = sum(entry.tokens for entry in self.entries)
         changed = bool(dropped or folding.dropped or folding.summarized)
@@ -222,20 +228,25 @@ class WorkingContext:
 
     def mark(self) -> ContextMark:
         """Where this context starts on its branch (see `ContextMark`): its oldest message
-        neither pinned nor unpinned in place, the newest small talk compression let go,
-        the tokens to pass before compressing again, and the messages unpinned in place.
+        neither pinned nor unpinned in place, the newest small talk compression let go
+        (forgotten once older than that message's turn), the tokens to pass before
+        compressing again, the messages unpinned in place and the summaries.
         From that oldest message on, every REQUIRED message of the branch is here
         (compressions fold the oldest first), and so is every DROPPABLE one after that
         small talk (they go oldest first)."""
         if self._unpinned:
             self._unpinned.intersection_update(
                 entry.id for entry in self.entries if entry.retention != "PRESERVED")
-        oldest = next((entry.id for entry in self.entries if entry.kind == "message" and
+        oldest = next((entry for entry in self.entries if entry.kind == "message" and
                        entry.retention != "PRESERVED" and entry.id not in self._unpinned), None)
         gone = self._smalltalk_gone
-        return ContextMark(oldest=oldest, smalltalk=gone.id if gone is not None else None,
+        if gone is not None and (oldest is None or gone.turn < oldest.turn):
+            gone = self._smalltalk_gone = None      # older than the context: it says nothing
+        return ContextMark(oldest=oldest.id if oldest is not None else None,
+                           smalltalk=gone.id if gone is not None else None,
                            above=self._rearm_above if self._rearm_above >= 0 else None,
-                           unpinned=frozenset(self._unpinned))
+                           unpinned=frozenset(self._unpinned),
+                           summaries=tuple(e.id for e in self.entries if e.kind == "summary"))
 
     def resume(self, mark: ContextMark, smalltalk_gone: Entry | None) -> None:
         """Continue, empty still, from a checkpoint's MARK: the newest small talk let go
@@ -246,6 +257,34 @@ class WorkingContext:
         if mark.above is not None:
             self._rearm_above = mark.above
         self._unpinned.update(mark.unpinned)
+
+    def replay(self, recorded: Sequence[Entry]) -> None:
+        """Have compressions by summarize or galois fold as the first of RECORDED (kept
+        summary entries, their covers naming the first and last message each folded)
+        did that is a fold the strategy may make of the entries, with its text and
+        id; as the strategy says when none is (or RECORDED is empty).  A restart uses
+        it to take a turn as the live context took it, without the summarizer."""
+        self._recorded = tuple(recorded)
+
+    def _recorded_fold(self, entries: list[Entry], movable: list[bool],
+                       target: int) -> Folding | None:
+        """The fold of ENTRIES the first kept summary given to `replay` makes again, or
+        None (see `compression.recorded_fold`)."""
+        for recorded in self._recorded:
+            folding = recorded_fold(self.strategy, entries, movable, target, recorded)
+            if folding is not None:
+                return folding
+        return None
+
+    def rename(self, entry_id: str, new_id: str) -> bool:
+        """Give entry ENTRY_ID the id NEW_ID (a summary, once kept, is known by its
+        record's); False when it is not here."""
+        for i, entry in enumerate(self.entries):
+            if entry.id == entry_id:
+                self.entries[i] = dataclasses.replace(entry, id=new_id)
+                self._ids = None
+                return True
+        return False
 
     def _protected(self) -> list[bool]:
         """True for entries no compression may touch: PRESERVED ones and the newest turn.
@@ -303,9 +342,13 @@ class WorkingContext:
             return default_retention(entry.role, entry.text, entry.turn_type)
         changed = self._set_retention(entry_id, natural)
         if changed:
-            self._rearm_above = -1  # the room compression may use changed
+            self.lift()             # the room compression may use changed
             self._unpinned.add(entry_id)
         return changed
+
+    def lift(self) -> None:
+        """Compress at the next add past the threshold, whatever the wait."""
+        self._rearm_above = -1
 
     def _set_retention(self, entry_id: str, new) -> bool:
         for i, entry in enumerate(self.entries):
@@ -318,12 +361,14 @@ class WorkingContext:
         return False
 
     def set_strategy(self, name: str) -> None:
-        """Use strategy NAME from now on (ValueError listing the names for unknown ones)."""
+        """Use strategy NAME from now on (ValueError listing the names for unknown ones);
+        another strategy than the one in use lifts the wait."""
         if name not in STRATEGIES:
             raise ValueError(f"unknown strategy {name!r}; choose one of: "
                              f"{', '.join(sorted(STRATEGIES))}")
-        self.strategy = name
-        self._rearm_above = -1
+        if name != self.strategy:
+            self.strategy = name
+            self.lift()
 
     def view(self) -> list[dict]:
         """The entries for /context: id, turn, role, retention, kind, tokens and a preview."""

@@ -15,10 +15,13 @@ is written by the archive's writer thread in a group commit with the turns of
 other threads that finish meanwhile (see `memory.writer`); `record_turn`
 returns once the turn is durable.
 
-Summaries the context makes are kept in the thread's file (`storedsummaries`):
-with the summarize and galois strategies, a start puts the newest summary of
-the branch back, followed by the messages after it, and the summarizer is
-asked again only when those no longer fit.
+Summaries the context makes are kept in the thread's file (`storedsummaries`),
+and the context knows each by its record's id from then on: the checkpoint
+names those the context holds, so a start puts them back (and takes the turn
+that made one again from the one kept, without the summarizer); without such
+a checkpoint, with the summarize and galois strategies, a start puts the
+newest summary of the branch back, followed by the messages after it, and the
+summarizer is asked again only when those no longer fit.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Collection, Iterable, Sequence
 
-from opencortex.conversation.checkpoint import checkpoint_message
+from opencortex.conversation.checkpoint import ContextMark, checkpoint_message
 from opencortex.conversation.checkpointscan import scan_checkpoint
 from opencortex.conversation.compression import CompressionReport
 from opencortex.conversation.context import WorkingContext
@@ -40,7 +43,7 @@ from opencortex.conversation.saved import SavedSessions
 from opencortex.conversation.session import Session
 from opencortex.conversation.settings import ConversationSettings
 from opencortex.conversation.restoredcontext import fill, restored
-from opencortex.conversation.storedsummaries import summary_message
+from opencortex.conversation.storedsummaries import ID_PREFIX, summary_message
 from opencortex.conversation.threadlog import ThreadLog
 from opencortex.events import Thread
 from opencortex.memory import Archive, ArchiveError, MessageRecord, NewMessage
@@ -93,6 +96,7 @@ class Conversation:
     session: Session
     recalled: list[Entry] = field(default_factory=list)  # brought in for the latest turn
     kept_summaries: set[str] = field(default_factory=set)  # summary entries in the archive
+    unkept_summaries: set[str] = field(default_factory=set)  # ... the archive did not take
 
 
 class Conversations:
@@ -197,35 +201,68 @@ class Conversations:
         # Off the loop: a pin or summary older than the tail makes the log read whole.
         found = await self.read(restored, conversation.log, strategy, WINDOW_MESSAGES)
         conversation.context = context
-        conversation.kept_summaries.update(entry.id for entry in found.summary)
+        conversation.kept_summaries.update(found.kept_ids())
         entries = [e for e in found.entries() if e.kind == "summary" or
                    shown_to_model(e.role, e.turn_type)]
         report = await fill(context, found, entries, configured=self.settings.strategy)
-        await self._keep_summaries(conversation)
+        if await self._keep_summaries(conversation) and found.window.mark is None:
+            await self._checkpoint(conversation)
         return report
 
-    async def _keep_summaries(self, conversation: Conversation) -> None:
-        """Archive the summaries the context made since the last call (never fatal)."""
-        for entry in conversation.context.entries:
-            if entry.kind != "summary" or entry.id in conversation.kept_summaries:
-                continue
-            conversation.kept_summaries.add(entry.id)
-            thread_log = conversation.log
+    async def _checkpoint(self, conversation: Conversation) -> None:
+        """Write a checkpoint of CONVERSATION's context as it is (never fatal): filled
+        without one and a summary made then, a start would not fill it so again."""
+        mark = self._mark(conversation)
+        try:
+            if mark is not None:
+                await conversation.log.write_checkpoint_async(mark)
+        except ArchiveError as error:
+            log.warning("could not write a checkpoint of %s (%s)", conversation.thread,
+                        type(error).__name__)
+
+    async def _keep_summaries(self, conversation: Conversation) -> int:
+        """Archive the summaries the context made since the last call (never fatal); each
+        kept one is known by its record's id from then on (`StoredSummary.entry_id`).
+        How many were made."""
+        kept, unkept = conversation.kept_summaries, conversation.unkept_summaries
+        made = [entry for entry in conversation.context.entries if entry.kind == "summary"
+                and entry.id not in kept and entry.id not in unkept]
+        for entry in made:
             try:
-                last = thread_log.turn_of(entry.covers[-1]) if entry.covers else None
-                first = entry.turn or last or 0
-                turns = f"{first}-{last}" if last and last != first else str(first)
-                covers = set(entry.covers)
-                kept = sorted(i for i in thread_log.pins() if i not in covers and
-                              first <= (thread_log.turn_of(i) or -1) <= (last or first))
-                await thread_log.keep_summary_async(summary_message(
-                    conversation.thread, entry, strategy=conversation.context.strategy,
-                    branch=thread_log.branch, turns=turns, kept=kept))
+                record = await conversation.log.keep_summary_async(
+                    self._summary_record(conversation, entry))
             except (ArchiveError, ValueError) as error:
                 log.warning("could not keep a summary of %s (%s)", conversation.thread,
                             type(error).__name__)
-        conversation.kept_summaries.intersection_update(
-            entry.id for entry in conversation.context.entries if entry.kind == "summary")
+                unkept.add(entry.id)
+                continue
+            if conversation.context.rename(entry.id, ID_PREFIX + record.id):
+                kept.add(ID_PREFIX + record.id)
+        held = {entry.id for entry in conversation.context.entries if entry.kind == "summary"}
+        kept.intersection_update(held)
+        unkept.intersection_update(held)
+        return len(made)
+
+    @staticmethod
+    def _summary_record(conversation: Conversation, entry: Entry) -> NewMessage:
+        """The record that keeps summary ENTRY of CONVERSATION's context."""
+        thread_log = conversation.log
+        last = thread_log.turn_of(entry.covers[-1]) if entry.covers else None
+        first = entry.turn or last or 0
+        turns = f"{first}-{last}" if last and last != first else str(first)
+        covers = set(entry.covers)
+        kept = sorted(i for i in thread_log.pins() if i not in covers and
+                      first <= (thread_log.turn_of(i) or -1) <= (last or first))
+        return summary_message(conversation.thread, entry,
+                               strategy=conversation.context.strategy,
+                               branch=thread_log.branch, turns=turns, kept=kept)
+
+    @staticmethod
+    def _mark(conversation: Conversation) -> ContextMark | None:
+        """Where CONVERSATION's context starts, for the checkpoint of its next turn; None
+        (not known) when it holds a summary that could not be kept."""
+        mark = conversation.context.mark()
+        return mark if set(mark.summaries) <= conversation.kept_summaries else None
 
     async def forget(self, thread: Thread, *, apply: bool) -> int:
         """How many messages of THREAD forgetting removes; with APPLY they are removed
@@ -269,7 +306,7 @@ class Conversations:
         batch = [m.model_copy(update={"extra": {**m.extra, **extra}}) if m.role != "user" else m
                  for m in messages]
         records = await conversation.log.append_turn_async(
-            batch, checkpoint=True, context=conversation.context.mark())
+            batch, checkpoint=True, context=self._mark(conversation))
         turn = conversation.log.turn_count()
         if pin:                         # control records: written off the loop too
             await self.read(lambda: [conversation.log.pin(record.id) for record in records])

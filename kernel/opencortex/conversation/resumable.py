@@ -11,13 +11,15 @@ log knew of: if not, another process wrote to the thread, and this log writes
 no more checkpoints (a resume would otherwise trust a view that is not the
 file's).  Summary records are written and kept here too, and so is the newest
 checkpoint of the current branch, which says where the working context started
-(`newest_checkpoint`).
+(`newest_checkpoint`), with what came after it that a restart replays on it
+(`since_checkpoint`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 
 from opencortex.conversation.branches import CONTROL, is_control
@@ -30,6 +32,19 @@ from opencortex.memory import Archive, MessageRecord, NewMessage
 from opencortex.memory.writer import Appended, settled
 
 LAND_TIMEOUT = 60.0     # seconds a write waits for this log's write in flight, at most
+SUMMARIES_SINCE = 8     # summaries kept after a checkpoint a restart may make again
+
+
+@dataclass
+class SinceCheckpoint:
+    """What a log took in after its newest checkpoint: a restart replays it."""
+
+    carrier: str                                # the id of the record carrying it
+    with_turn: bool = True                      # a message of a turn (else a control record)
+    pinned: frozenset[str] | None = None        # the pins after the newest pin since
+    strategies: tuple[str | None, ...] = ()     # the strategies chosen since, in order
+    summaries: tuple[StoredSummary, ...] = ()   # the summaries kept since on the branch,
+                                                # newest first (SUMMARIES_SINCE at most)
 
 
 class Resumable:
@@ -173,6 +188,15 @@ class Resumable:
             self._complete()
         return next((s for s in self._summaries if s.record_id == wanted), None)
 
+    def kept_summary(self, entry_id: str) -> StoredSummary | None:
+        """The summary record whose context entry is ENTRY_ID (None when the log holds none:
+        a partial log that does not is made whole first)."""
+        found = next((s for s in self._summaries if s.entry_id == entry_id), None)
+        if found is None and self._partial:
+            self._complete()
+            found = next((s for s in self._summaries if s.entry_id == entry_id), None)
+        return found
+
     def checkpoint(self, context: ContextMark | None = None) -> dict[str, str]:
         """The `:CHECKPOINT:` extra property for the next write ({} for a log of working
         memory, or one that saw another process write); CONTEXT says where the working
@@ -196,8 +220,28 @@ class Resumable:
         branch or head since the newest one makes it another branch's (forgotten)."""
         if CHECKPOINT in record.extra:
             self._checkpointed = record
+            self._since = SinceCheckpoint(record.id, with_turn=not is_control(record))
         elif is_control(record) and record.extra.get(CONTROL) not in AFTER_CHECKPOINT:
-            self._checkpointed = None
+            self._checkpointed = self._since = None
+
+    def _note_since(self, record: MessageRecord) -> None:
+        """Note control RECORD, just applied, when it follows the newest checkpoint: a pin
+        (the pins now), a strategy chosen, a summary kept on the current branch."""
+        since, kind = self._since, record.extra.get(CONTROL)
+        if since is None:
+            return
+        if kind == "pin":
+            since.pinned = frozenset(self._state.pins)
+        elif kind == "strategy":
+            since.strategies += (self._state.strategy,)
+        elif kind == "summary":
+            summary = stored_summary(record)
+            if summary is not None and summary.branch == self.branch:
+                since.summaries = (summary, *since.summaries[:SUMMARIES_SINCE - 1])
+
+    def since_checkpoint(self) -> SinceCheckpoint | None:
+        """What came after the newest checkpoint (see `newest_checkpoint`), None without one."""
+        return self._since if self._checkpointed is not None else None
 
     def newest_checkpoint(self) -> Checkpoint | None:
         """The newest checkpoint written on the current branch with nothing but turns, pins,
@@ -205,15 +249,22 @@ class Resumable:
         record = self._checkpointed
         return parse_checkpoint(record.extra[CHECKPOINT]) if record is not None else None
 
-    def write_checkpoint(self) -> MessageRecord | None:
+    def write_checkpoint(self, context: ContextMark | None = None) -> MessageRecord | None:
         """Archive a checkpoint control record (a write of its own) so the next start
-        resumes from here; None when this log may not write one (see `checkpoint`).
-        For a thread filled by other means (`memory import`): a turn writes its own."""
+        resumes from here, with the working context CONTEXT describes (None: not
+        known); None when this log may not write one (see `checkpoint`).  For a thread
+        filled by other means (`memory import`): a turn writes its own."""
         self._land()
-        state = self._checkpoint_state()
-        if state is None:
-            return None
-        return self._write([checkpoint_message(self.thread, state)])[0]
+        state = self._checkpoint_state(context)
+        return self._write([checkpoint_message(self.thread, state)])[0] \
+            if state is not None else None
+
+    async def write_checkpoint_async(self, context: ContextMark) -> MessageRecord | None:
+        """`write_checkpoint` by the archive's writer thread."""
+        await self._landed()
+        state = self._checkpoint_state(context)
+        return (await self._write_async([checkpoint_message(self.thread, state)]))[0] \
+            if state is not None else None
 
     def keep_summary(self, message: NewMessage) -> MessageRecord:
         """Archive MESSAGE, a summary record (see `storedsummaries`), in a write of its own."""

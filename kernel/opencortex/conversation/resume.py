@@ -12,8 +12,9 @@
    graph);
 3. the current branch back from the checkpoint's head: at least WINDOW
    messages (or to its first), far enough to tell for every pin whether it is
-   on the branch, and back to the oldest message the working context held
-   (the checkpoint names it), so that a start restores that context whole.
+   on the branch, and back to the oldest message the working context held and
+   the newest small talk it let go (the checkpoint names them), so that a start
+   restores that context whole.
 
 Its cost follows the window, not the thread.  A short file is read whole.
 When any check fails, or more than TAIL_LIMIT entries would be needed, it
@@ -211,9 +212,11 @@ def _branch(reader: _Backwards, checkpoint: Checkpoint, window: int, oldest: int
             ) -> tuple[list[str], set[str]]:
     """The branch back from the checkpoint's head (oldest first) and the loaded messages
     older than the checkpoint's write (at OLDEST) known to be off it: WINDOW messages
-    or more, and every pin and the working context's oldest message placed."""
+    or more, and every pin, the working context's oldest message and the newest small
+    talk it let go placed."""
     context = checkpoint.context
-    placed = set(checkpoint.pins) | ({context.oldest} if context and context.oldest else set())
+    placed = set(checkpoint.pins) | {i for i in (context.oldest, context.smalltalk) if i} \
+        if context else set(checkpoint.pins)
     pins = {pin: reader.find(pin) for pin in placed}
     if None in pins.values():
         raise Unusable("a pin or the context's start older than the tail")

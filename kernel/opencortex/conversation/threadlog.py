@@ -35,7 +35,7 @@ from opencortex.conversation.branches import BranchState, is_control
 from opencortex.conversation.branchops import BranchOps
 from opencortex.conversation.checkpoint import ContextMark
 from opencortex.conversation.entries import Entry, default_retention
-from opencortex.conversation.resumable import Resumable
+from opencortex.conversation.resumable import Resumable, SinceCheckpoint
 from opencortex.conversation.storedsummaries import StoredSummary
 from opencortex.conversation.turns import Turn, record_tokens
 from opencortex.events import Thread
@@ -79,6 +79,7 @@ class ThreadLog(Resumable, BranchOps):
         self._stale = False                              # another writer was noticed
         self._in_flight: tuple | None = None             # (future, apply) of a pending write
         self._checkpointed: MessageRecord | None = None  # carries the newest checkpoint
+        self._since: SinceCheckpoint | None = None       # what came after it
         self._file = archive.thread_file(self.thread) if isinstance(archive, Archive) else None
 
     @classmethod
@@ -102,6 +103,7 @@ class ThreadLog(Resumable, BranchOps):
             self._controls.add(record.id)
             if not self._keep_summary(record):
                 self._state.apply_control(record)
+            self._note_since(record)
             return
         if self._first_message is None:
             self._first_message = record.id
