@@ -114,7 +114,8 @@ def test_a_failure_at_any_step_of_compaction_loses_nothing(root, monkeypatch, st
             raise OSError("simulated crash")
         real_fsync(fd)
     if step == "write":
-        monkeypatch.setattr(savedfile, "write_all", crash)
+        from opencortex.memory import threadfile
+        monkeypatch.setattr(threadfile, "write_all", crash)
     elif step == "sync_directory":
         monkeypatch.setattr(savedfile, "sync_directory", crash)
     elif step == "fsync":

@@ -23,7 +23,7 @@ from pathlib import Path
 from opencortex.events import Thread
 from opencortex.memory import decode_value, encode_value
 from opencortex.memory.records import check_thread
-from opencortex.memory.threadfile import read_range, write_all
+from opencortex.memory.threadfile import read_range, sync_directory, write_new_file
 
 log = logging.getLogger(__name__)
 
@@ -195,28 +195,13 @@ def compact(path: Path, index: SavedIndex) -> None:
         os.unlink(temporary)            # left by a crash: start afresh, private again
     except FileNotFoundError:
         pass
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                         0o600)
-    try:
-        write_all(descriptor, data)
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    write_new_file(temporary, data)
     os.replace(temporary, path)
     sync_directory(path.parent)
     info = os.stat(path)
     index.entries, index.file = index.live(), (info.st_dev, info.st_ino)
     index.mtime = info.st_mtime_ns
     index.offset, index.tail = len(data), data[-TAIL_CHECK:]
-
-
-def sync_directory(directory: Path) -> None:
-    """Make a rename in DIRECTORY durable."""
-    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def compact_quietly(path: Path, index: SavedIndex) -> bool:

@@ -166,14 +166,9 @@ def move_aside(fd: int, path: Path, start: int, size: int) -> Path:
     for attempt in range(1000):
         target = Path(f"{path}.torn-{stamp}" + (f"-{attempt}" if attempt else ""))
         try:
-            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            write_new_file(target, fragment)
         except FileExistsError:
             continue
-        try:
-            write_all(out, fragment)
-            os.fsync(out)
-        finally:
-            os.close(out)
         os.ftruncate(fd, start)
         os.fsync(fd)
         return target
@@ -186,6 +181,17 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def write_new_file(path: Path, data: bytes) -> None:
+    """Write DATA to PATH, a file made anew and private to this user (FileExistsError
+    when PATH exists), fsynced before it is closed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def truncate_quietly(fd: int, size: int) -> None:
