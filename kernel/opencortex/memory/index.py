@@ -38,8 +38,9 @@ from pathlib import Path
 
 from opencortex.events import Thread
 from opencortex.memory.cjk import cjk_terms
-from opencortex.memory.partitions import (DEFAULT_TOKENIZER, Partition, Partitions,
-                                          fts_tables, thread_token, upgrade_from_4)
+from opencortex.memory.partitions import (DEFAULT_TOKENIZER, PARTS_INDEXES, PARTS_TABLE,
+                                          Partition, Partitions, fts_tables, thread_token,
+                                          upgrade_from_4)
 from opencortex.memory.ranking import RankedSearch
 from opencortex.memory.records import MessageRecord
 from opencortex.memory.reread import KEY as REREAD_KEY, IndexRereads
@@ -50,7 +51,7 @@ from opencortex.memory.timeline import ThreadTimeline
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 5
-_SCHEMA = """
+_SCHEMA = f"""
 CREATE TABLE messages (
     seq INTEGER PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,
@@ -60,11 +61,9 @@ CREATE TABLE messages (
 CREATE INDEX messages_in_thread ON messages (channel, chat_id, offset);
 CREATE INDEX messages_in_file ON messages (file);
 CREATE TABLE files (path TEXT PRIMARY KEY, size INTEGER NOT NULL);
-CREATE TABLE parts (name TEXT PRIMARY KEY, tab INTEGER NOT NULL);
-CREATE INDEX parts_in_table ON parts (tab);
+{PARTS_TABLE};
 CREATE TABLE thread_parts (channel TEXT NOT NULL, chat_id TEXT NOT NULL, part TEXT NOT NULL,
                            PRIMARY KEY (channel, chat_id));
-CREATE INDEX threads_of_part ON thread_parts (part);
 CREATE TABLE senders (tab INTEGER NOT NULL, sender TEXT NOT NULL, PRIMARY KEY (tab, sender))
     WITHOUT ROWID;
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -163,7 +162,7 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
             elif force or version != SCHEMA_VERSION:
                 for table in fts_tables(db) + list(_TABLES):
                     db.execute(f"DROP TABLE IF EXISTS {table}")
-                for statement in _SCHEMA.split(";"):
+                for statement in [*_SCHEMA.split(";"), *PARTS_INDEXES]:
                     if statement.strip():
                         db.execute(statement)
                 db.execute("INSERT INTO meta (key, value) VALUES ('tokenizer', ?)",

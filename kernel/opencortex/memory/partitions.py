@@ -87,6 +87,13 @@ def fts_tables(db: sqlite3.Connection) -> list[str]:
         "AND (name = 'fts' OR name GLOB 'fts_[0-9]*')")]
 
 
+# The table of partitions and the indexes of partitions (see the module), as `index`
+# makes them (layout 5) and `upgrade_from_4` brings them up to it.
+PARTS_TABLE = "CREATE TABLE parts (name TEXT PRIMARY KEY, tab INTEGER NOT NULL)"
+PARTS_INDEXES = ("CREATE INDEX parts_in_table ON parts (tab)",
+                 "CREATE INDEX threads_of_part ON thread_parts (part)")
+
+
 def upgrade_from_4(db: sqlite3.Connection) -> bool:
     """Bring the partition tables of an index of layout 4 (where every partition had a
     table of its own) up to layout 5, in DB's transaction, when it has at most
@@ -94,12 +101,12 @@ def upgrade_from_4(db: sqlite3.Connection) -> bool:
     then places them anew, most in shared tables."""
     if db.execute("SELECT count(*) FROM parts").fetchone()[0] > OWN_TABLES:
         return False
-    db.execute("CREATE TABLE parts_5 (name TEXT PRIMARY KEY, tab INTEGER NOT NULL)")
-    db.execute("INSERT INTO parts_5 (name, tab) SELECT name, tab FROM parts")
-    db.execute("DROP TABLE parts")
-    db.execute("ALTER TABLE parts_5 RENAME TO parts")
-    db.execute("CREATE INDEX parts_in_table ON parts (tab)")
-    db.execute("CREATE INDEX threads_of_part ON thread_parts (part)")
+    db.execute("ALTER TABLE parts RENAME TO parts_4")
+    db.execute(PARTS_TABLE)
+    db.execute("INSERT INTO parts (name, tab) SELECT name, tab FROM parts_4")
+    db.execute("DROP TABLE parts_4")
+    for statement in PARTS_INDEXES:
+        db.execute(statement)
     return True
 
 
@@ -141,7 +148,7 @@ class Partitions:
     def table_of(self, thread: Thread) -> str:
         """The FTS table THREAD's messages go to (made, and the thread recorded, if new)."""
         thread = Thread(*thread)
-        placed = self._placed.get(thread) or self._place(thread)
+        placed = self._placed_of(thread)
         if placed is None:
             part = self.partition(thread)
             number = self._table_number(part)
@@ -153,11 +160,14 @@ class Partitions:
     def known_table(self, thread: Thread) -> str | None:
         """THREAD's FTS table, or None when nothing of THREAD was ever indexed."""
         thread = Thread(*thread)
-        placed = self._placed.get(thread) or self._place(thread)
+        placed = self._placed_of(thread)
         return None if placed is None else placed[1]
 
-    def _place(self, thread: Thread) -> tuple[str, str] | None:
+    def _placed_of(self, thread: Thread) -> tuple[str, str] | None:
         """THREAD's recorded (partition, table), remembered; None when it has none."""
+        placed = self._placed.get(thread)
+        if placed is not None:
+            return placed
         row = self._db.execute(
             "SELECT part, tab FROM thread_parts JOIN parts ON part = name "
             "WHERE channel = ? AND chat_id = ?", tuple(thread)).fetchone()
@@ -262,7 +272,7 @@ class Partitions:
         shares a table and has reached OWN_FROM messages, move the partition to a table
         of its own (True: tables moved)."""
         thread = Thread(*thread)
-        part, table = self._placed.get(thread) or self._place(thread)
+        part, table = self._placed_of(thread)
         if not is_shared(table):
             return False
         if len(self._growth) >= MAX_GROWTH:
