@@ -25,7 +25,7 @@ from opencortex.conversation.threadlog import ThreadLog
 from opencortex.events import Thread
 from opencortex.memory import Archive, NewMessage
 from opencortex.memory_commands import import_history
-from test_summaries_stored import LOCAL, apply, operations, reply, view
+from test_summaries_stored import LOCAL, apply, checkpointed_turns, operations, view
 
 CHAT = Thread("telegram", "4242")
 
@@ -89,11 +89,7 @@ def test_an_import_is_checkpointed_without_reading_the_thread_whole(tmp_path, mo
          "text": f"imported {n}"}) + "\n" for n in range(3000)))
     with Archive(tmp_path / "memory") as archive:
         live = ThreadLog.load(archive, LOCAL)
-        for n in range(30):
-            records = live.append_turn([NewMessage(role="user", text=f"q{n}", thread=LOCAL),
-                                        reply(n)], checkpoint=True)
-            if n == 3:
-                live.pin(records[0].id)
+        checkpointed_turns(live, 30, pinned=3)
         live.set_strategy("galois")
         apply("summary", 0, live, archive, 99, [])
         apply("talk", 1, live, archive, 100, [])
@@ -136,9 +132,7 @@ def test_a_branch_changed_since_the_last_checkpoint_is_left_to_the_replay(tmp_pa
     monkeypatch.setattr("os.fsync", lambda fd: None)
     with Archive(tmp_path / "memory") as archive:
         log = ThreadLog.load(archive, LOCAL)
-        for n in range(5):
-            log.append_turn([NewMessage(role="user", text=f"q{n}", thread=LOCAL), reply(n)],
-                            checkpoint=True)
+        checkpointed_turns(log, 5)
         log.fork(2)
         archive.append(imported(LOCAL, WINDOW_MESSAGES + 10))
         assert scan_checkpoint(archive, LOCAL) is None

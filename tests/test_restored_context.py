@@ -34,6 +34,8 @@ from opencortex.conversation.threadlog import ThreadLog
 from opencortex.events import Thread
 from opencortex.memory import Archive, ArchiveError, NewMessage
 
+from test_summaries_stored import play as play_steps
+
 LOCAL = Thread("cli", "local")
 WORDS = "kernel archive branch budget pressure recall owner thread buffer stream token".split()
 STRATEGIES = ["sliding", "forget", "summarize", "galois"]
@@ -84,15 +86,9 @@ async def talk(conversations: Conversations, first: int, count: int) -> None:
 
 
 async def play(conversations: Conversations, steps, done: int = 0) -> int:
-    """STEPS (a number: that many turns; text: a command) after DONE turns; the turns
-    done then."""
-    for step in steps:
-        if isinstance(step, int):
-            await talk(conversations, done + 1, step)
-            done += step
-        else:
-            await Commands(conversations).run(await conversations.open(LOCAL), step)
-    return done
+    """STEPS (a number: that many turns of `talk`; text: a command) after DONE turns;
+    the turns done then."""
+    return await play_steps(conversations, steps, talk, done)
 
 
 def live_and_restarted(root, strategy: str, *steps) -> tuple[list, list]:

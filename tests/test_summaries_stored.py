@@ -63,6 +63,18 @@ def question(n: int) -> str:
     return f"Question {n}: how do the {WORDS[n % 11]} and the {WORDS[(n * 7) % 11]} relate?"
 
 
+async def play(conversations: Conversations, steps, talk, done: int = 0) -> int:
+    """STEPS (a number: that many turns, said by TALK; text: a command) after DONE turns;
+    the turns done then."""
+    for step in steps:
+        if isinstance(step, int):
+            await talk(conversations, done + 1, step)
+            done += step
+        else:
+            await Commands(conversations).run(await conversations.open(LOCAL), step)
+    return done
+
+
 async def talk(conversations: Conversations, first: int, count: int) -> None:
     for n in range(first, first + count):
         await conversations.record_turn(LOCAL, [
@@ -120,13 +132,7 @@ def pinning_scenario(root, *steps) -> tuple[list, list]:
     async def live():
         with Archive(root) as archive:
             conversations = Conversations(archive, ConversationSettings(**SUMMARIZE))
-            done = 0
-            for step in steps:
-                if isinstance(step, int):
-                    await talk(conversations, done + 1, step)
-                    done += step
-                else:
-                    await Commands(conversations).run(await conversations.open(LOCAL), step)
+            await play(conversations, steps, talk)
             return shown((await conversations.open(LOCAL)).context)
 
     async def restarted():
@@ -314,14 +320,21 @@ def reply(n: int) -> NewMessage:
                       extra={"TOKENS_IN": str(n), "TOKENS_OUT": "1"})
 
 
+def checkpointed_turns(log: ThreadLog, count: int, pinned: int | None = None) -> list:
+    """COUNT turns appended to LOG, each with its checkpoint, the question of turn PINNED
+    (counted from 0; None: none) pinned; the records of the last."""
+    for n in range(count):
+        records = log.append_turn([NewMessage(role="user", text=f"q{n}", thread=LOCAL),
+                                   reply(n)], checkpoint=True)
+        if n == pinned:
+            log.pin(records[0].id)
+    return records
+
+
 def test_resume_reads_the_tail_only_and_agrees_with_a_whole_replay(root, monkeypatch):
     with Archive(root) as archive:
         log = ThreadLog.load(archive, LOCAL)
-        for n in range(300):
-            records = log.append_turn([NewMessage(role="user", text=f"q{n}", thread=LOCAL),
-                                       reply(n)], checkpoint=True)
-            if n == 280:
-                log.pin(records[0].id)
+        records = checkpointed_turns(log, 300, pinned=280)
         log.set_strategy("galois")
         assert parse_checkpoint(records[-1].extra[CHECKPOINT]).turns == 299
         whole_view = view(ThreadLog.load(archive, LOCAL), 20)
