@@ -100,7 +100,8 @@ class _ThreadCopies:
         message = item.message
         bot = message.role != "user" or message.sender not in self.people
         when = message.timestamp
-        start, end = max(when - EARLY, self.taken.floor), when + (BOT_LATE if bot else PERSON_LATE)
+        start = max(when - EARLY, self.taken.floor)
+        end = when + (BOT_LATE if bot else PERSON_LATE)
         if end < self.first or start > self.last:
             return False
         rows = self.archive.bridged_between(

@@ -14,11 +14,11 @@ import sqlite3
 
 from opencortex.events import Thread
 from opencortex.memory.records import MessageRecord
-from opencortex.memory.rows import COLUMNS, IMPORTED, PLATFORM_ID, record_fields
+from opencortex.memory.rows import COLUMNS, IMPORTED, NOT_CONTROL, PLATFORM_ID, record_fields
 
 TIME_INDEX = "messages_in_time"
 # A conversation message as `conversation.branches.is_control` tells it: not a control record.
-CONVERSATION = "(role != 'system' OR json_extract(extra, '$.CONTROL') IS NULL)"
+CONVERSATION = f"(role != 'system' OR {NOT_CONTROL})"
 # Messages a bridge archived as they came: not brought in by `memory import`.
 NOT_IMPORTED = f"json_extract(extra, '$.{IMPORTED}') IS NULL"
 
