@@ -77,6 +77,55 @@ def test_a_task_given_up_before_it_started_costs_nothing():
         workers.shutdown()
 
 
+def test_a_cancelled_call_never_runs_when_queued_and_errors_reach_the_caller():
+    release = threading.Event()
+    ran: list[str] = []
+    workers = Workers(1, "test-workers")
+
+    async def scenario():
+        first = workers.submit(release.wait, WAIT)
+        queued = asyncio.ensure_future(workers.run(ran.append, "never"))
+        await asyncio.sleep(0.05)
+        queued.cancel()                            # still behind FIRST
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        release.set()
+        assert first.result(WAIT) is True
+        with pytest.raises(ZeroDivisionError):
+            await workers.run(lambda: 1 / 0)
+        assert await workers.run(ran.append, "after") is None
+        assert ran == ["after"]                    # in order: "never" would come first
+
+    try:
+        run(scenario())
+    finally:
+        release.set()
+        workers.shutdown()
+
+
+def test_shutdown_cancelling_what_waits_tells_its_callers():
+    release = threading.Event()
+    workers = Workers(1, "test-workers")
+
+    async def scenario():
+        first = workers.submit(release.wait, WAIT)
+        queued = asyncio.ensure_future(workers.run(lambda: "never"))
+        later = workers.submit(lambda: "never")
+        await asyncio.sleep(0.05)
+        workers.shutdown(cancel_futures=True)
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert later.cancelled()
+        release.set()
+        assert first.result(WAIT) is True
+
+    try:
+        run(scenario())
+    finally:
+        release.set()
+        workers.shutdown()
+
+
 @pytest.fixture
 def release():
     event = threading.Event()

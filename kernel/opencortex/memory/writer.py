@@ -377,16 +377,28 @@ async def settled(future: Future, then: Callable[[Any], T]) -> T:
 
     When the awaiting task is cancelled meanwhile, the write still lands and
     THEN still runs with it (a caller's state follows the file), and only
-    then is the cancellation raised."""
-    waiting = asyncio.wrap_future(future)
+    then is the cancellation raised.  (The writer's thread wakes the loop with
+    one `call_soon_threadsafe`: every turn waits here.)"""
+    loop = asyncio.get_running_loop()
+    waiting = [loop.create_future()]     # awaited now (anew when cancelled with the task)
     cancelled = False
-    while not waiting.done():
+    future.add_done_callback(lambda _: _wake(loop, waiting))
+    while not future.done():
         try:
-            await asyncio.wait([waiting])
+            await waiting[0]
         except asyncio.CancelledError:
             cancelled = True
+            waiting[0] = loop.create_future()
     if not cancelled:
-        return then(waiting.result())
-    if waiting.exception() is None:
-        then(waiting.result())
+        return then(future.result())
+    if future.exception() is None:
+        then(future.result())
     raise asyncio.CancelledError
+
+
+def _wake(loop: asyncio.AbstractEventLoop, waiting: list[asyncio.Future]) -> None:
+    """Have LOOP resolve what WAITING holds then (from the writer's thread)."""
+    try:
+        loop.call_soon_threadsafe(lambda: waiting[0].done() or waiting[0].set_result(None))
+    except RuntimeError:                     # the loop closed: nobody waits any more
+        pass
