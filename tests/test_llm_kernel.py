@@ -87,6 +87,30 @@ def test_a_stream_cut_midway_archives_nothing_and_says_resend(anthropic_home, fa
     assert "send the message again" in printed[-1]  # ... and is told it was cut
 
 
+def test_a_stream_cut_midway_is_charged_to_the_budget_as_estimated(anthropic_home, fake):
+    """The provider is paid for what it streamed before the cut; no usage count comes,
+    so the kernel charges its estimate (before, a cut stream was free)."""
+    config = anthropic_home / "config.toml"
+    config.write_text(config.read_text() + "[budget.developer]\nsession_tokens = 100000\n")
+    fake.push(Reply(chunks=pieces(PLIST), break_after=3))
+
+    async def go():
+        kernel = build_kernel(load_config(anthropic_home), writer=lambda text: None)
+        try:
+            result = await kernel.handle(chat_message("hi"))
+            return result, kernel.budgets.scopes(CLI)
+        finally:
+            await kernel.aclose()
+    result, scopes = asyncio.run(asyncio.wait_for(go(), 60))
+    assert result.status == "failed" and result.usage is not None
+    usage = result.usage
+    assert usage.estimated and usage.model == "claude-opus-4-7"
+    assert usage.output_tokens == (15 + 3) // 4 and usage.input_tokens > 0
+    assert usage.cost_usd == pytest.approx(
+        (usage.input_tokens * 5 + usage.output_tokens * 25) / 1e6)
+    assert [scope.used.tokens for scope in scopes] == [usage.input_tokens + usage.output_tokens]
+
+
 def test_rate_limited_turn_tells_the_wait(anthropic_home, fake):
     fake.push(*[Reply(status=429, error_type="rate_limit_error",
                       headers={"retry-after": "0.01"})] * 3)

@@ -7,7 +7,7 @@ with the reasons when it is rejected (up to `max_rejections` times), then
 applies the kernel's own rules that no skill can lift: pinning to the event's
 conversation (`opencortex.pinning`) and the approval policy
 (`opencortex.policy` via `opencortex.steps.ruled`).  What each reply cost is
-charged to the thread's budgets as it arrives.
+charged to the thread's budgets as it arrives (a reply cut off, as estimated).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from opencortex.budgets import Budgets
 from opencortex.config import Config
 from opencortex.events import Event
 from opencortex.llm import Backend, LLMError, PromptRequest, Usage
+from opencortex.llm.cost import cut_reply_usage
 from opencortex.llm.routing import archetype_for
 from opencortex.pinning import pin
 from opencortex.policy import ApprovalPolicy
@@ -116,11 +117,13 @@ class Replies:
                   observer: TurnObserver) -> str:
         """One reply to REQUEST, streamed to OBSERVER; its cost charged to the budgets."""
         chunks: list[str] = []
+        paid = False
         try:
             with self.telemetry.span("llm.stream", backend=self.backend.name) as span:
                 async with asyncio.timeout(self.config.llm_timeout):
                     async for item in self.backend.stream(request):
                         if isinstance(item, Usage):
+                            paid = True
                             result.usage = added(result.usage, item)
                             self.budgets.record(result.thread, item)
                             span.set(model=item.model, first_chunk_s=item.first_chunk_s)
@@ -134,7 +137,18 @@ class Replies:
         except TimeoutError:
             raise TurnFailed(f"STREAM_TIMEOUT: the {self.backend.name} backend did not finish "
                              f"within {self.config.llm_timeout:g} s; send the message again")
+        finally:
+            if chunks and not paid:       # cut off (a failure, a timeout, the person)
+                self._charge_cut(request, "".join(chunks), result)
         return "".join(chunks)
+
+    def _charge_cut(self, request: PromptRequest, streamed: str, result: TurnResult) -> None:
+        """Charge a reply cut off after STREAMED as estimated: else every cut stream
+        would be free, and a budget no bound."""
+        usage = cut_reply_usage(request, streamed, self.backend.model_for(request),
+                                self.config.llm.prices)
+        result.usage = added(result.usage, usage)
+        self.budgets.record(result.thread, usage)
 
     def close(self) -> None:
         self._judges.shutdown(cancel_futures=True)

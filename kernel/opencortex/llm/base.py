@@ -155,5 +155,9 @@ class Backend(abc.ABC):
     def stream(self, request: PromptRequest) -> AsyncIterator[str | Usage]:
         """Stream the reply to REQUEST; raise LLMError on failure."""
 
+    def model_for(self, request: PromptRequest) -> str:
+        """The model REQUEST goes to ("" when the backend has none: nothing is paid)."""
+        return ""
+
     async def aclose(self) -> None:
         """Release connections; the default has none."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from opencortex.llm.base import Usage
+from opencortex.llm.base import PromptRequest, Usage, estimate_tokens, tokens_in_chars
 from opencortex.llm.settings import Price
 
 CACHE_WRITE_FACTOR = 1.25
@@ -36,3 +36,14 @@ def estimate_cost(usage: Usage, prices: Mapping[str, Price]) -> float | None:
     dollars = (plain * price.input + usage.cache_write_tokens * write
                + usage.cache_read_tokens * read + usage.output_tokens * price.output)
     return round(dollars / 1_000_000, 8)
+
+
+def cut_reply_usage(request: PromptRequest, streamed: str, model: str,
+                    prices: Mapping[str, Price]) -> Usage:
+    """What a reply cut off after STREAMED cost, as far as it can be told: the provider
+    was paid for the prompt and what it sent, but its count never came (estimated)."""
+    prompt = len(request.system) + sum(len(message.content) for message in request.messages)
+    usage = Usage(input_tokens=tokens_in_chars(prompt), output_tokens=estimate_tokens(streamed),
+                  model=model, stop_reason="cut", estimated=True)
+    usage.cost_usd = estimate_cost(usage, prices)
+    return usage

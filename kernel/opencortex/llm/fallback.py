@@ -40,5 +40,8 @@ class EchoFallback(Backend):
         for item in self.echo.reply(request, notice):
             yield item
 
+    def model_for(self, request: PromptRequest) -> str:
+        return self.primary.model_for(request)
+
     async def aclose(self) -> None:
         await self.primary.aclose()

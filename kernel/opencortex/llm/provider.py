@@ -113,6 +113,9 @@ class ProviderBackend(Backend):
                              address.chat_id if address else None, self.settings)
         return choose_model(self.settings, self.name, self.default_model, routing)
 
+    def model_for(self, request: PromptRequest) -> str:
+        return self.choice_for(request).model
+
     async def stream(self, request: PromptRequest) -> AsyncIterator[str | Usage]:
         if self.key_missing:
             raise missing_key(self.provider)
