@@ -9,6 +9,7 @@ import math
 import re
 import unicodedata
 import uuid
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -177,6 +178,36 @@ def test_odd_chat_ids_get_safe_reversible_files(archive):
         assert "/" not in name and not name.startswith(".") and len(name) <= 200
     assert archive.threads() == sorted(Thread("matrix", c) for c in odd)
     assert safe_name("!room:matrix.org") == "%21room%3Amatrix.org"
+
+
+def test_listing_threads_reads_each_files_header_once(archive, monkeypatch):
+    """Recall with dense embeddings lists the threads after every new chat: each list
+    read every file's header (O(chats) opened files per new chat); now only the
+    files new since the last list, or replaced by another file."""
+    chats = [Thread("telegram", str(n)) for n in range(5)]
+    archive.append([say("hi", chat) for chat in chats])
+    opened: list[str] = []
+    real = Path.open
+
+    def counting(path, *args, **kwargs):
+        opened.append(path.name)
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(Path, "open", counting)
+    assert archive.threads() == chats
+    assert len(opened) == 5
+    archive.append([say("hi", Thread("telegram", "new"))])
+    opened.clear()
+    assert archive.threads() == sorted([*chats, Thread("telegram", "new")])
+    assert opened == ["new.org"]
+    path = archive.thread_file(chats[0])               # replaced by another file
+    copy = path.with_name("copy")
+    copy.write_bytes(path.read_bytes().replace(b"#+CHAT_ID: 0", b"#+CHAT_ID: zero"))
+    copy.replace(path)
+    archive.thread_file(chats[1]).unlink()
+    opened.clear()
+    assert archive.threads() == sorted([Thread("telegram", "zero"), *chats[2:],
+                                        Thread("telegram", "new")])
+    assert opened == ["0.org"]
 
 
 def test_a_channel_directory_removed_while_running_is_made_again(archive):

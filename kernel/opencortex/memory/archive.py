@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from opencortex.events import Thread
 from opencortex.memory.archive_queries import ArchiveQueries, check_limit
 from opencortex.memory.index import MessageIndex
-from opencortex.memory.layout import ThreadFiles, threads_under
+from opencortex.memory.layout import ThreadFiles, ThreadHeaders
 from opencortex.memory.partitions import DEFAULT_TOKENIZER, Partition
 from opencortex.memory.readers import Readers, searching
 from opencortex.memory.completeness import parse_thread_file
@@ -87,6 +87,7 @@ class Archive(ArchiveQueries, IndexUpkeep):
         self._writer = GroupWriter(self._commit)
         self._tails = Tails()                        # what each file ended with (writer)
         self._files = ThreadFiles(self.root)         # where each thread is kept
+        self._headers = ThreadHeaders(self.root)     # the thread each file holds
         self._readers: Readers | None = None         # the connections searches read through
         self._write_process: WriteProcess | None = None   # see `write_in_a_process`
         self.files_made = 0          # thread files this archive created (recall looks again)
@@ -148,8 +149,8 @@ class Archive(ArchiveQueries, IndexUpkeep):
         return self._files.name(path)
 
     def threads(self) -> list[Thread]:
-        """Every thread with a file in the archive, sorted."""
-        return threads_under(self.root)
+        """Every thread with a file in the archive, sorted (a file's header read once)."""
+        return self._headers.threads()
 
     # -- writing -----------------------------------------------------------
 

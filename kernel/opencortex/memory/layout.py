@@ -93,16 +93,55 @@ def org_file_sizes(root: Path) -> dict[str, int]:
     return sizes
 
 
-def threads_under(root: Path) -> list[Thread]:
-    """Every thread with a file under ROOT, sorted, as the files' headers name them."""
-    found = set()
-    for path in org_files(root):
+class ThreadHeaders:
+    """The thread of each file under ROOT, as its header names it, read once per file:
+    asked again, only files new since (or replaced: another inode) are opened, so
+    listing an archive of many chats after each new one costs a directory scan."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._read: dict[str, tuple[int, Thread | None]] = {}   # name -> (inode, thread)
+
+    def threads(self) -> list[Thread]:
+        """Every thread with a file under the root, sorted."""
+        read: dict[str, tuple[int, Thread | None]] = {}
+        for name, inode in _org_inodes(self.root):
+            known = self._read.get(name)
+            if known is None or known[0] != inode:
+                try:
+                    known = (inode, self._thread_of(self.root / name))
+                except FileNotFoundError:                  # removed meanwhile
+                    continue
+            read[name] = known
+        self._read = read
+        return sorted({thread for _, thread in read.values() if thread is not None})
+
+    def _thread_of(self, path: Path) -> Thread | None:
         with path.open("rb") as stream:
             head = stream.read(HEADER_BYTES).split(b"\n*", 1)[0]
         chat_id = read_header_chat_id(head)
         if chat_id is not None:
-            found.add(Thread(path.parent.name, chat_id))
-        elif head:
+            return Thread(path.parent.name, chat_id)
+        if head:
             log.warning("%s has no #+CHAT_ID: header; skipped",
-                        path.relative_to(root).as_posix())
-    return sorted(found)
+                        path.relative_to(self.root).as_posix())
+        return None
+
+
+def _org_inodes(root: Path) -> list[tuple[str, int]]:
+    """(name relative to ROOT, inode) of every thread file under ROOT (no stat a file)."""
+    found: list[tuple[str, int]] = []
+    if not root.is_dir():
+        return found
+    with os.scandir(root) as channels:
+        for channel in channels:
+            if channel.name.startswith(".") or not channel.is_dir():
+                continue
+            try:
+                with os.scandir(channel.path) as entries:
+                    found += [(f"{channel.name}/{entry.name}", entry.inode())
+                              for entry in entries if entry.name.endswith(".org")
+                              and not entry.name.startswith(".") and entry.is_file()]
+            except PermissionError:
+                log.warning("%s cannot be read; its threads are left out", channel.name)
+    return found
