@@ -3,7 +3,10 @@
 uvloop runs the loop, its sockets and its timers in libuv (C).  Under bench_load's 20
 EPC clients it cut the kernel's CPU per turn from 2.45 to 2.19 ms and raised sustained
 turns from 444 to 493 a second on the 2-core machine the figures come from; nothing a
-turn does changes.  `event_loop = "asyncio"` in config.toml keeps asyncio's loop (for
+turn does changes.  A turn's trips to its threads and back wake the loop from another
+thread, which uvloop does sooner: bench_core's echo turn, 2.62 -> 2.34 ms (p50).  The
+terminal chat keeps asyncio's loop: prompt_toolkit read an arrow key's escape sequence
+as separate keys on uvloop (tests/test_terminal.py).  `event_loop = "asyncio"` in config.toml keeps asyncio's loop (for
 debugging with its debug mode, or a platform without uvloop); `"uvloop"` insists on it.
 """
 
