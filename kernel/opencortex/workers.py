@@ -76,12 +76,16 @@ class _Threads:
     def __init__(self, size: int, name: str):
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.size = size
+        self.name = name
         for number in range(size):
             threading.Thread(target=self._serve, name=f"{name}_{number}", daemon=True).start()
 
     def _serve(self) -> None:
         while (task := self.queue.get()) is not _STOP:
-            task.run()
+            try:
+                task.run()
+            except Exception:            # handing the outcome over failed: not expected
+                log.exception("%s: an outcome could not be handed over", self.name)
             del task                     # not kept alive while the thread waits
 
     def stop(self, *, cancel: bool = False) -> None:
