@@ -140,3 +140,18 @@ def test_an_import_of_many_chats_leaves_the_index_few_tables(archive, tmp_path, 
     for n in (0, 30, 59):
         hits = archive.search("gecko", thread=Thread("telegram", str(n)), limit=10)
         assert [h.text for h in hits] == [f"gecko {n}"] * 3
+
+
+def test_the_import_summary_shows_control_characters_of_a_hostile_file_as_visible(
+        tmp_path, capsys):
+    """A thread id, path or problem from the file never reaches the terminal as a control:
+    an ESC in a chat id would retitle or clear the terminal of whoever imports it."""
+    from opencortex.memory_commands import _print_import
+    from opencortex.memory.importer import ImportReport, Problem
+    report = ImportReport("jsonl", added=1, threads={"emacs:x\x1b]0;pwned\x07": 1},
+                          stopped="stop \x1b[2J")
+    report.problem(Problem("line 2", "bad \x1b[31m value"))
+    _print_import(report, tmp_path / "a\x1bb.jsonl")
+    shown = capsys.readouterr()
+    assert "\x1b" not in shown.out + shown.err and "\x07" not in shown.out
+    assert "emacs:x␛]0;pwned␇ (1)" in shown.out and "bad ␛[31m value" in shown.err

@@ -104,33 +104,39 @@ def _owner_function(config: Config) -> Callable[[Thread], str]:
 
 
 def _print_import(report: ImportReport, path: Path) -> None:
-    """What `memory import` did, in words: results on stdout, problems on stderr."""
+    """What `memory import` did, in words: results on stdout, problems on stderr; the
+    file's thread ids and the problems quoting it shown with controls made visible."""
     threads = sorted(report.threads.items(), key=lambda pair: -pair[1])
     where = ", ".join(f"{thread} ({count})" for thread, count in threads[:5])
     more = f" and {len(threads) - 5} more threads" if len(threads) > 5 else ""
     if report.added:
-        print(f"imported {report.added} messages from {path} ({report.format}) into "
+        _show(f"imported {report.added} messages from {path} ({report.format}) into "
               f"{where}{more}")
     if report.duplicates:
-        print(f"{report.duplicates} messages were already in memory; not added again"
+        _show(f"{report.duplicates} messages were already in memory; not added again"
               if report.added else f"nothing new: the {report.duplicates} messages of "
               f"{path} are already in memory")
     elif not report.added:
-        print(f"no messages imported from {path}")
+        _show(f"no messages imported from {path}")
     if report.ignored:
-        print(f"left out {report.ignored} service or empty messages")
+        _show(f"left out {report.ignored} service or empty messages")
     if report.older:
-        print(f"{report.older} imported messages are older than their thread's last "
+        _show(f"{report.older} imported messages are older than their thread's last "
               "message: its history lists them after it; search and recall use their dates")
     for problem in report.shown:
-        print(f"skipped {problem}", file=sys.stderr)
+        _show(f"skipped {problem}", sys.stderr)
     if report.problems > len(report.shown):
-        print(f"… and {report.problems - len(report.shown)} more", file=sys.stderr)
+        _show(f"… and {report.problems - len(report.shown)} more", sys.stderr)
     if report.problems:
-        print(f"skipped {report.problems} unreadable lines or messages; fix them and import "
-              "again (what is already in memory is not added twice)", file=sys.stderr)
+        _show(f"skipped {report.problems} unreadable lines or messages; fix them and import "
+              "again (what is already in memory is not added twice)", sys.stderr)
     if report.stopped:
-        print(f"opencortex: import stopped: {report.stopped}", file=sys.stderr)
+        _show(f"opencortex: import stopped: {report.stopped}", sys.stderr)
+
+
+def _show(line: str, stream: Any = None) -> None:
+    """Print LINE (to STREAM, default stdout) with its control characters made visible."""
+    print(visible(line), file=stream or sys.stdout)
 
 
 def _unique_hits(hits: list[Any]) -> list[Any]:
