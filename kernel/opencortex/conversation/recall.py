@@ -23,7 +23,8 @@ question ("last week", "in March", "2026-03-14") searches that period first;
 that names a sender in scope ("What did Caroline give?") also searches what
 that person said for the other words, and those hits lead (two for each
 other): in a chat a name in the text mostly greets the person addressed ("Bye
-Caroline!"), and the one asked about is the one who said it.  A text repeated
+Caroline!"), and the one asked about is the one who said it; with a period named
+and none of the other words said by them then, what they said in it leads.  A text repeated
 word for word (small talk) is recalled once.  A hit that is a question brings
 the reply after it, and a reply the question before it ("next to a recalled
 message"), after the K best.  `explain` says what was recalled and why, for
@@ -57,7 +58,8 @@ from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
 from opencortex.memory.query import query_text, query_words
-from opencortex.memory.rows import text_key
+from opencortex.memory.rows import text_key, who
+from opencortex.memory.senders import folded_words
 
 if TYPE_CHECKING:
     from opencortex.conversation.dense import DenseRecall
@@ -73,6 +75,7 @@ RECHECK_NS = 100_000_000       # while they are that recent, read the thread lis
 CANDIDATES = 4                 # recall ranks this many times K matches before keeping K
 RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
 SAID_PER_OTHER = 2             # hits of what a named person said per other hit, in turn
+SAID_READ = 8                  # a period's messages read per one kept of a named person's
 
 def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
     """Who is talking in THREAD: the configured name for "channel:chat-id" if any;
@@ -248,7 +251,11 @@ class Recall:
                 return kept[:k], hint
         found: list[SearchHit] = []
         if hint.window is not None:       # a period named is searched either way; when
-            found += _mix(*tiers(limit=2 * k, window=hint.window)) or \
+            said, general = tiers(limit=2 * k, window=hint.window)
+            if not said:                  # none of the other words: what they said then
+                said = self._said_by(named or self.archive.speakers(words, **where),
+                                     hint.window, 2 * k, exclude_ids, where)
+            found += _mix(said, general) or \
                 self.archive.said_within(hint.window, limit=k, exclude_ids=exclude_ids,
                                          **where)   # no word matches: what was said then
         said, general = tiers(limit=CANDIDATES * k, informative_only=informative_only)
@@ -273,6 +280,18 @@ class Recall:
         named = self.archive.speakers(words, **where)
         rest = [word for word in query_words(words) if word not in named]
         return (named, " ".join(rest)) if named and rest else ([], words)
+
+    def _said_by(self, named: list[str], window: tuple[float, float], limit: int,
+                 exclude_ids: Collection[str], where: dict) -> list[SearchHit]:
+        """The newest LIMIT messages the people NAMED (words of the question) sent within
+        WINDOW: "What did Nadia do on 8 May?" asks for hers, not the ones greeting her."""
+        if not named:
+            return []
+        names = [set(folded_words(word)) for word in named]
+        said = self.archive.said_within(window, limit=SAID_READ * limit,
+                                        exclude_ids=exclude_ids, **where)
+        return [hit for hit in said if any(name <= set(folded_words(who(hit.sender, hit.extra)))
+                                           for name in names)][:limit]
 
     def _kept(self, thread: Thread, allowed: set[str], found: list[SearchHit],
               hint: DateHint, query: str, exclude_ids: Collection[str]) -> list[Ranked]:

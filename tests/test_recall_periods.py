@@ -1,4 +1,5 @@
-"""Recall and words of time that hold for any history, imported or old: "recently"."""
+"""Recall and words of time: "recently" in any history (imported or old), and what a
+person named said in a period named."""
 
 from __future__ import annotations
 
@@ -34,3 +35,24 @@ def test_recently_puts_the_newer_statement_first_in_a_history_older_than_a_month
     for question in ("What did Tom paint recently?", "What has Tom painted lately?"):
         best, _ = Recall(archive, {}).recall(EMACS, question, k=2)
         assert "portrait" in best.text
+
+
+def test_what_a_person_said_on_a_day_is_what_they_said_not_greetings_to_them(archive):
+    """"What did Nadia do on 8 May 2025?": the words left name only Nadia; her messages
+    of that day are the answer, not the ones that greet her ("Bye Nadia!")."""
+    day = datetime(2025, 5, 8, 13, 0).timestamp()
+    talk = [("Tomas", "Hey Nadia! How are you?"),
+            ("Nadia", "Hi Tomas! I went to a pottery class this morning, made a bowl."),
+            ("Tomas", "Haha Nadia that's great"), ("Nadia", "Also booked flights to Oslo."),
+            ("Tomas", "Bye Nadia!")]
+    archive.append([say(text, CLI, sender=who, timestamp=day + 60 * n)
+                    for n, (who, text) in enumerate(talk)])
+    archive.append([say(f"Nadia and Tomas on the weather {n}", CLI, sender="Tomas",
+                        timestamp=day + 5 * DAY + n) for n in range(10)])
+    recall = Recall(archive, {})
+    for question, person in [("What did Nadia do on 8 May 2025?", "Nadia"),
+                             ("What did Nadia say on May 8, 2025?", "Nadia"),
+                             ("What did Tomas say on 8 May 2025?", "Tomas")]:
+        hits, _ = recall.hits(EMACS, question, k=2)
+        assert [hit.sender for hit in hits] == [person, person], question
+        assert all(hit.timestamp < day + DAY for hit in hits)
