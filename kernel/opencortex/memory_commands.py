@@ -20,11 +20,10 @@ if TYPE_CHECKING:
 
 
 def run_memory_command(args: argparse.Namespace) -> int:
-    from opencortex.memory import Archive
     config = load_config(args.home)
     if args.memory_command == "reindex":
         require_writable_home(config, "reindexing")
-        with sole_writer(config), Archive(config.memory_dir) as archive:
+        with sole_writer(config), _archive(config) as archive:
             count = archive.reindex()
         print(f"reindexed {count} messages from {config.memory_dir}")
         return EXIT_OK
@@ -37,19 +36,24 @@ def run_memory_command(args: argparse.Namespace) -> int:
     warnings = [] if problem is None else [
         f"cannot write to {config.home} ({problem}); searching the org files directly "
         "(slower, nothing is saved)"]
-    with Archive(config.memory_dir, read_only=problem is not None) as archive:
+    with _archive(config, read_only=problem is not None) as archive:
         hits = _unique_hits(archive.search(args.query, thread=thread, limit=2 * args.limit))
     return _print_hits(hits[:args.limit], warnings, args.json)
 
 
+def _archive(config: Config, **options: Any) -> Archive:
+    """The home's archive, its index made with the configured stemmer ([memory] stemmer)."""
+    from opencortex.memory import Archive
+    return Archive(config.memory_dir, tokenizer=config.memory.tokenizer, **options)
+
+
 def _forget(config: Config, args: argparse.Namespace) -> int:
     """`memory forget`: count, confirm (--yes or y/N on the terminal), remove."""
-    from opencortex.memory import Archive
     from opencortex.memory.retention import count_forgettable, forget, parse_before
     thread = Thread.parse(args.thread)
     before = parse_before(args.before) if args.before else None
     require_writable_home(config, "forgetting")
-    with sole_writer(config), Archive(config.memory_dir) as archive:
+    with sole_writer(config), _archive(config) as archive:
         count = count_forgettable(archive, thread, before)
         if count == 0:
             print(f"no messages of {thread} to forget")
@@ -80,10 +84,9 @@ def import_history(archive: Archive, path: Path, **options: Any) -> ImportReport
 
 def _import(config: Config, args: argparse.Namespace) -> int:
     """`memory import FILE`: import as the home's only writer, then say what happened."""
-    from opencortex.memory import Archive
     thread = Thread.parse(args.thread) if args.thread else None
     require_writable_home(config, "importing")
-    with sole_writer(config), Archive(config.memory_dir) as archive:
+    with sole_writer(config), _archive(config) as archive:
         report = import_history(archive, args.file, fmt=args.format, thread=thread,
                                 assistants=args.assistant, partition=_owner_function(config))
     complete = not report.problems and report.stopped is None
