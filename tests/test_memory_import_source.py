@@ -155,3 +155,24 @@ def test_the_import_summary_shows_control_characters_of_a_hostile_file_as_visibl
     shown = capsys.readouterr()
     assert "\x1b" not in shown.out + shown.err and "\x07" not in shown.out
     assert "emacs:x␛]0;pwned␇ (1)" in shown.out and "bad ␛[31m value" in shown.err
+
+
+def test_a_text_said_twice_in_a_row_at_the_same_time_is_two_messages(tmp_path):
+    """Times in minutes ("ok", "lol", "ok" within one) are three messages, kept on every
+    import; the same line again after the thread's time moved on is still one."""
+    import json
+    from opencortex.events import Thread
+    from opencortex.memory import Archive
+    from opencortex.memory.importer import import_file
+    said = [("ok", 60), ("lol", 60), ("ok", 60), ("ok", 60), ("sure", 120), ("ok", 60)]
+    source = tmp_path / "h.jsonl"
+    source.write_text("".join(json.dumps({"thread": "cli:x", "role": "user", "sender": "a",
+                                          "timestamp": 1.7e9 + at, "text": text}) + "\n"
+                              for text, at in said))
+    with Archive(tmp_path / "memory") as archive:
+        first = import_file(archive, source)
+        assert (first.added, first.duplicates) == (5, 1)
+        again = import_file(archive, source)
+        assert (again.added, again.duplicates) == (0, 6)
+        assert [m.text for m in archive.read_thread(Thread("cli", "x"))] == \
+            ["ok", "lol", "ok", "ok", "sure"]
