@@ -185,19 +185,29 @@ class Recall:
         EXCLUDE_IDS: messages already in the context.
         """
         hits, _ = self.hits(thread, query, k=k, exclude_ids=exclude_ids)
-        entries = [self.entry(hit) for hit in hits]
-        known = {hit.id for hit in hits}        # beside EXCLUDE_IDS
+        beside = self.beside(hits, exclude_ids)
+        log.debug("recall: %d recalled, %d beside them", len(hits), len(beside))
+        return [self.entry(hit) for hit in hits] + \
+            [self.entry(partner, near=True) for _, partner, _ in beside]
+
+    def beside(self, hits: Sequence[SearchHit], exclude_ids: Collection[str] = ()
+               ) -> list[tuple[SearchHit, MessageRecord, bool]]:
+        """(hit, message, whether it is the reply) for each of HITS that brings the question
+        or reply next to it (see `_partner`), each message once, none of HITS or
+        EXCLUDE_IDS."""
+        known = {hit.id for hit in hits}
         near = self.archive.neighbours_of(      # the reply after questions; a question before
             [hit.id for hit in hits], after_of=[hit.id for hit in hits if asks(hit.text)],
             before_with=QUESTION_MARKS) if hits else {}
+        found = []
         for hit in hits:
-            partner = _partner(hit, *near.get(hit.id, (None, None)))
+            before, after = near.get(hit.id, (None, None))
+            partner = _partner(hit, before, after)
             if partner is not None and partner.id not in known and \
                     partner.id not in exclude_ids:
                 known.add(partner.id)
-                entries.append(self.entry(partner, near=True))
-        log.debug("recall: %d recalled, %d beside them", len(hits), len(entries) - len(hits))
-        return entries
+                found.append((hit, partner, partner is after))
+        return found
 
     def hits(self, thread: Thread, query: str, *, k: int = 5,
              exclude_ids: Collection[str] = (), informative_only: bool = True

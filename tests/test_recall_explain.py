@@ -1,0 +1,29 @@
+"""/recall shows everything a turn would recall: the hits, and the question or reply
+each brings along."""
+
+from __future__ import annotations
+
+from opencortex.conversation.recall import Recall
+from opencortex.events import Thread
+
+from test_recall import archive, say  # noqa: F401  (archive: a fixture)
+
+CLI = Thread("cli", "local")
+EMACS = Thread("emacs", "notes")
+
+
+def test_explain_lists_the_reply_and_the_question_recall_brings_beside_its_hits(archive):
+    start = 1_700_000_000.0
+    archive.append([
+        say("Which port does the staging database use?", CLI, sender="Ana", timestamp=start),
+        say("It listens on 5433.", CLI, role="assistant", sender="Bo", timestamp=start),
+        say("What did the plumber charge?", CLI, sender="Ana", timestamp=start + 60),
+        say("Ninety euros for the boiler.", CLI, role="assistant", sender="Bo",
+            timestamp=start + 60)])
+    recall = Recall(archive, {})
+    recalled = [e.text.split("] ", 1)[1] for e in recall.recall(EMACS, "staging port?")]
+    assert recalled == ["Which port does the staging database use?", "It listens on 5433."]
+    shown = recall.explain(EMACS, "staging port?")
+    assert "+ the reply to 1, " in shown and "\n   It listens on 5433." in shown
+    shown = recall.explain(EMACS, "boiler euros")
+    assert "+ the question of 1, " in shown and "\n   What did the plumber charge?" in shown
