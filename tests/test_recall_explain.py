@@ -27,3 +27,21 @@ def test_explain_lists_the_reply_and_the_question_recall_brings_beside_its_hits(
     assert "+ the reply to 1, " in shown and "\n   It listens on 5433." in shown
     shown = recall.explain(EMACS, "boiler euros")
     assert "+ the question of 1, " in shown and "\n   What did the plumber charge?" in shown
+
+
+def test_a_question_followed_by_a_remark_brings_its_reply(archive):
+    """"What got you into pottery? I'd love to try." asks, though it ends with a remark:
+    the reply after it is what a question about it needs."""
+    start = 1_700_000_000.0
+    archive.append([
+        say("Wow Nadia, what got you into pottery? I've always wanted to try it.", CLI,
+            role="assistant", sender="Tomas", timestamp=start),
+        say("My aunt taught me when I was ten, she had a kiln in her garage.", CLI,
+            sender="Nadia", timestamp=start + 30),
+        say("See https://example.org/?q=pottery for the class times.", CLI,
+            role="assistant", sender="Tomas", timestamp=start + 60),
+        say("Thanks, I will look.", CLI, sender="Nadia", timestamp=start + 90)])
+    recalled = [e.text.split("] ", 1)[1] for e in
+                Recall(archive, {}).recall(EMACS, "How did Nadia get into pottery?")]
+    assert "My aunt taught me when I was ten, she had a kiln in her garage." in recalled
+    assert "Thanks, I will look." not in recalled        # a link's "?" asks nothing
