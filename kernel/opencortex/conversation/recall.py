@@ -11,10 +11,9 @@ the asking thread's owner only, plus the threads of owners configured as shared
 on every hit.
 
 Recalled messages come back as `Entry` objects of kind "recalled", retention
-DROPPABLE (compression may drop them first), turn 0, with their text prefixed
-by where and when they were said, so the user can see what was recalled::
-
-    [recalled from cli:local, 2026-11-02, user] the staging database is on port 5433
+DROPPABLE (compression may drop them first), turn 0, their text prefixed by where,
+when and by whom they were said: `[recalled from telegram:-1001, 2026-11-02, user
+4711 Ann] the staging database is on port 5433`.
 
 Ranking: each owner's messages are scored with that owner's own word
 statistics (see `opencortex.memory.partitions`).  A date expression in the
@@ -58,7 +57,7 @@ from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
 from opencortex.memory.query import query_text, query_words
-from opencortex.memory.rows import text_key, who
+from opencortex.memory.rows import shown_who, text_key, who
 from opencortex.memory.senders import folded_words
 
 if TYPE_CHECKING:
@@ -355,15 +354,16 @@ class Recall:
         return self._named(words, self._scope_of(Thread(*thread))[1])[0]
 
     def entry(self, hit: MessageRecord, *, near: bool = False) -> Entry:
-        """HIT as a recalled entry: where and when it was said, then its text (NEAR: it
-        came as the question or reply next to a recalled message)."""
+        """HIT as a recalled entry: where, when and by whom it was said, then its text
+        (NEAR: it came as the question or reply next to a recalled message)."""
         when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d")
         text = hit.text
         if len(text) > self.max_chars:
             text = text[:self.max_chars].rstrip() + " …"
+        by = " ".join([hit.role, shown_who(hit.sender, hit.extra)]).strip()
         beside = ", next to a recalled message" if near else ""
         return Entry(id=hit.id, role=hit.role, text=f"[recalled from {hit.thread}, {when}, "
-                     f"{hit.role}{beside}] {text}", turn=0, turn_type=hit.turn_type,
+                     f"{by}{beside}] {text}", turn=0, turn_type=hit.turn_type,
                      retention="DROPPABLE", kind="recalled")
 
 
