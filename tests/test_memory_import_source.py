@@ -176,3 +176,16 @@ def test_a_text_said_twice_in_a_row_at_the_same_time_is_two_messages(tmp_path):
         assert (again.added, again.duplicates) == (0, 6)
         assert [m.text for m in archive.read_thread(Thread("cli", "x"))] == \
             ["ok", "lol", "ok", "ok", "sure"]
+
+
+def test_a_json_line_nested_too_deeply_says_so_and_the_next_lines_come_in(tmp_path):
+    import json
+    from opencortex.memory import Archive
+    from opencortex.memory.importer import import_file
+    good = json.dumps({"thread": "cli:x", "role": "user", "timestamp": 1.7e9, "text": "hi"})
+    source = tmp_path / "h.jsonl"
+    source.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n" + good + "\n")
+    with Archive(tmp_path / "memory") as archive:
+        report = import_file(archive, source)
+    assert report.added == 1
+    assert [str(p) for p in report.shown] == ["line 1: nests too deeply to be read"]

@@ -205,8 +205,10 @@ def jsonl_values(stream: BinaryIO) -> Iterator[tuple[str, Any]]:
             continue
         try:
             yield where, json.loads(line)
-        except (ValueError, RecursionError):
+        except ValueError:
             yield where, Problem(where, "not valid JSON (or not UTF-8)")
+        except RecursionError:
+            yield where, Problem(where, "nests too deeply to be read")
 
 
 def jsonl_items(stream: BinaryIO, default_thread: Thread | None) -> Iterator[Read]:
