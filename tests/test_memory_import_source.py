@@ -140,3 +140,52 @@ def test_an_import_of_many_chats_leaves_the_index_few_tables(archive, tmp_path, 
     for n in (0, 30, 59):
         hits = archive.search("gecko", thread=Thread("telegram", str(n)), limit=10)
         assert [h.text for h in hits] == [f"gecko {n}"] * 3
+
+
+def test_the_import_summary_shows_control_characters_of_a_hostile_file_as_visible(
+        tmp_path, capsys):
+    """A thread id, path or problem from the file never reaches the terminal as a control:
+    an ESC in a chat id would retitle or clear the terminal of whoever imports it."""
+    from opencortex.memory_commands import _print_import
+    from opencortex.memory.importer import ImportReport, Problem
+    report = ImportReport("jsonl", added=1, threads={"emacs:x\x1b]0;pwned\x07": 1},
+                          stopped="stop \x1b[2J")
+    report.problem(Problem("line 2", "bad \x1b[31m value"))
+    _print_import(report, tmp_path / "a\x1bb.jsonl")
+    shown = capsys.readouterr()
+    assert "\x1b" not in shown.out + shown.err and "\x07" not in shown.out
+    assert "emacs:x␛]0;pwned␇ (1)" in shown.out and "bad ␛[31m value" in shown.err
+
+
+def test_a_text_said_twice_in_a_row_at_the_same_time_is_two_messages(tmp_path):
+    """Times in minutes ("ok", "lol", "ok" within one) are three messages, kept on every
+    import; the same line again after the thread's time moved on is still one."""
+    import json
+    from opencortex.events import Thread
+    from opencortex.memory import Archive
+    from opencortex.memory.importer import import_file
+    said = [("ok", 60), ("lol", 60), ("ok", 60), ("ok", 60), ("sure", 120), ("ok", 60)]
+    source = tmp_path / "h.jsonl"
+    source.write_text("".join(json.dumps({"thread": "cli:x", "role": "user", "sender": "a",
+                                          "timestamp": 1.7e9 + at, "text": text}) + "\n"
+                              for text, at in said))
+    with Archive(tmp_path / "memory") as archive:
+        first = import_file(archive, source)
+        assert (first.added, first.duplicates) == (5, 1)
+        again = import_file(archive, source)
+        assert (again.added, again.duplicates) == (0, 6)
+        assert [m.text for m in archive.read_thread(Thread("cli", "x"))] == \
+            ["ok", "lol", "ok", "ok", "sure"]
+
+
+def test_a_json_line_nested_too_deeply_says_so_and_the_next_lines_come_in(tmp_path):
+    import json
+    from opencortex.memory import Archive
+    from opencortex.memory.importer import import_file
+    good = json.dumps({"thread": "cli:x", "role": "user", "timestamp": 1.7e9, "text": "hi"})
+    source = tmp_path / "h.jsonl"
+    source.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n" + good + "\n")
+    with Archive(tmp_path / "memory") as archive:
+        report = import_file(archive, source)
+    assert report.added == 1
+    assert [str(p) for p in report.shown] == ["line 1: nests too deeply to be read"]

@@ -198,7 +198,8 @@ def _archive_writes(config: Config) -> Check:
 
 def _recall(config: Config) -> Check:
     """How recall ranks: lexical, or lexical + dense when a model is configured and loads."""
-    lexical = "per-owner FTS5 with porter stemming and dates"
+    lexical = "per-owner FTS5 with " + ("porter stemming" if config.memory.stemmer == "porter"
+                                        else "no stemming ([memory] stemmer)") + " and dates"
     model = config.memory.embeddings.model
     if model is None:
         return Check("recall", True, f"lexical: {lexical} (no embedding model: dense recall "

@@ -20,11 +20,10 @@ if TYPE_CHECKING:
 
 
 def run_memory_command(args: argparse.Namespace) -> int:
-    from opencortex.memory import Archive
     config = load_config(args.home)
     if args.memory_command == "reindex":
         require_writable_home(config, "reindexing")
-        with sole_writer(config), Archive(config.memory_dir) as archive:
+        with sole_writer(config), _archive(config) as archive:
             count = archive.reindex()
         print(f"reindexed {count} messages from {config.memory_dir}")
         return EXIT_OK
@@ -37,19 +36,24 @@ def run_memory_command(args: argparse.Namespace) -> int:
     warnings = [] if problem is None else [
         f"cannot write to {config.home} ({problem}); searching the org files directly "
         "(slower, nothing is saved)"]
-    with Archive(config.memory_dir, read_only=problem is not None) as archive:
+    with _archive(config, read_only=problem is not None) as archive:
         hits = _unique_hits(archive.search(args.query, thread=thread, limit=2 * args.limit))
     return _print_hits(hits[:args.limit], warnings, args.json)
 
 
+def _archive(config: Config, **options: Any) -> Archive:
+    """The home's archive, its index made with the configured stemmer ([memory] stemmer)."""
+    from opencortex.memory import Archive
+    return Archive(config.memory_dir, tokenizer=config.memory.tokenizer, **options)
+
+
 def _forget(config: Config, args: argparse.Namespace) -> int:
     """`memory forget`: count, confirm (--yes or y/N on the terminal), remove."""
-    from opencortex.memory import Archive
     from opencortex.memory.retention import count_forgettable, forget, parse_before
     thread = Thread.parse(args.thread)
     before = parse_before(args.before) if args.before else None
     require_writable_home(config, "forgetting")
-    with sole_writer(config), Archive(config.memory_dir) as archive:
+    with sole_writer(config), _archive(config) as archive:
         count = count_forgettable(archive, thread, before)
         if count == 0:
             print(f"no messages of {thread} to forget")
@@ -80,10 +84,9 @@ def import_history(archive: Archive, path: Path, **options: Any) -> ImportReport
 
 def _import(config: Config, args: argparse.Namespace) -> int:
     """`memory import FILE`: import as the home's only writer, then say what happened."""
-    from opencortex.memory import Archive
     thread = Thread.parse(args.thread) if args.thread else None
     require_writable_home(config, "importing")
-    with sole_writer(config), Archive(config.memory_dir) as archive:
+    with sole_writer(config), _archive(config) as archive:
         report = import_history(archive, args.file, fmt=args.format, thread=thread,
                                 assistants=args.assistant, partition=_owner_function(config))
     complete = not report.problems and report.stopped is None
@@ -104,33 +107,39 @@ def _owner_function(config: Config) -> Callable[[Thread], str]:
 
 
 def _print_import(report: ImportReport, path: Path) -> None:
-    """What `memory import` did, in words: results on stdout, problems on stderr."""
+    """What `memory import` did, in words: results on stdout, problems on stderr; the
+    file's thread ids and the problems quoting it shown with controls made visible."""
     threads = sorted(report.threads.items(), key=lambda pair: -pair[1])
     where = ", ".join(f"{thread} ({count})" for thread, count in threads[:5])
     more = f" and {len(threads) - 5} more threads" if len(threads) > 5 else ""
     if report.added:
-        print(f"imported {report.added} messages from {path} ({report.format}) into "
+        _show(f"imported {report.added} messages from {path} ({report.format}) into "
               f"{where}{more}")
     if report.duplicates:
-        print(f"{report.duplicates} messages were already in memory; not added again"
+        _show(f"{report.duplicates} messages were already in memory; not added again"
               if report.added else f"nothing new: the {report.duplicates} messages of "
               f"{path} are already in memory")
     elif not report.added:
-        print(f"no messages imported from {path}")
+        _show(f"no messages imported from {path}")
     if report.ignored:
-        print(f"left out {report.ignored} service or empty messages")
+        _show(f"left out {report.ignored} service or empty messages")
     if report.older:
-        print(f"{report.older} imported messages are older than their thread's last "
+        _show(f"{report.older} imported messages are older than their thread's last "
               "message: its history lists them after it; search and recall use their dates")
     for problem in report.shown:
-        print(f"skipped {problem}", file=sys.stderr)
+        _show(f"skipped {problem}", sys.stderr)
     if report.problems > len(report.shown):
-        print(f"… and {report.problems - len(report.shown)} more", file=sys.stderr)
+        _show(f"… and {report.problems - len(report.shown)} more", sys.stderr)
     if report.problems:
-        print(f"skipped {report.problems} unreadable lines or messages; fix them and import "
-              "again (what is already in memory is not added twice)", file=sys.stderr)
+        _show(f"skipped {report.problems} unreadable lines or messages; fix them and import "
+              "again (what is already in memory is not added twice)", sys.stderr)
     if report.stopped:
-        print(f"opencortex: import stopped: {report.stopped}", file=sys.stderr)
+        _show(f"opencortex: import stopped: {report.stopped}", sys.stderr)
+
+
+def _show(line: str, stream: Any = None) -> None:
+    """Print LINE (to STREAM, default stdout) with its control characters made visible."""
+    print(visible(line), file=stream or sys.stdout)
 
 
 def _unique_hits(hits: list[Any]) -> list[Any]:

@@ -11,10 +11,9 @@ the asking thread's owner only, plus the threads of owners configured as shared
 on every hit.
 
 Recalled messages come back as `Entry` objects of kind "recalled", retention
-DROPPABLE (compression may drop them first), turn 0, with their text prefixed
-by where and when they were said, so the user can see what was recalled::
-
-    [recalled from cli:local, 2026-11-02, user] the staging database is on port 5433
+DROPPABLE (compression may drop them first), turn 0, their text prefixed by where,
+when and by whom they were said: `[recalled from telegram:-1001, 2026-11-02, user
+4711 Ann] the staging database is on port 5433`.
 
 Ranking: each owner's messages are scored with that owner's own word
 statistics (see `opencortex.memory.partitions`).  A date expression in the
@@ -23,7 +22,8 @@ question ("last week", "in March", "2026-03-14") searches that period first;
 that names a sender in scope ("What did Caroline give?") also searches what
 that person said for the other words, and those hits lead (two for each
 other): in a chat a name in the text mostly greets the person addressed ("Bye
-Caroline!"), and the one asked about is the one who said it.  A text repeated
+Caroline!"), and the one asked about is the one who said it; with a period named
+and none of the other words said by them then, what they said in it leads.  A text repeated
 word for word (small talk) is recalled once.  A hit that is a question brings
 the reply after it, and a reply the question before it ("next to a recalled
 message"), after the K best.  `explain` says what was recalled and why, for
@@ -57,7 +57,8 @@ from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
 from opencortex.memory.query import query_text, query_words
-from opencortex.memory.rows import text_key
+from opencortex.memory.rows import shown_who, text_key, who
+from opencortex.memory.senders import folded_words
 
 if TYPE_CHECKING:
     from opencortex.conversation.dense import DenseRecall
@@ -73,6 +74,7 @@ RECHECK_NS = 100_000_000       # while they are that recent, read the thread lis
 CANDIDATES = 4                 # recall ranks this many times K matches before keeping K
 RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
 SAID_PER_OTHER = 2             # hits of what a named person said per other hit, in turn
+SAID_READ = 8                  # a period's messages read per one kept of a named person's
 
 def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
     """Who is talking in THREAD: the configured name for "channel:chat-id" if any;
@@ -182,19 +184,29 @@ class Recall:
         EXCLUDE_IDS: messages already in the context.
         """
         hits, _ = self.hits(thread, query, k=k, exclude_ids=exclude_ids)
-        entries = [self.entry(hit) for hit in hits]
-        known = {hit.id for hit in hits}        # beside EXCLUDE_IDS
+        beside = self.beside(hits, exclude_ids)
+        log.debug("recall: %d recalled, %d beside them", len(hits), len(beside))
+        return [self.entry(hit) for hit in hits] + \
+            [self.entry(partner, near=True) for _, partner, _ in beside]
+
+    def beside(self, hits: Sequence[SearchHit], exclude_ids: Collection[str] = ()
+               ) -> list[tuple[SearchHit, MessageRecord, bool]]:
+        """(hit, message, whether it is the reply) for each of HITS that brings the question
+        or reply next to it (see `_partner`), each message once, none of HITS or
+        EXCLUDE_IDS."""
+        known = {hit.id for hit in hits}
         near = self.archive.neighbours_of(      # the reply after questions; a question before
             [hit.id for hit in hits], after_of=[hit.id for hit in hits if asks(hit.text)],
             before_with=QUESTION_MARKS) if hits else {}
+        found = []
         for hit in hits:
-            partner = _partner(hit, *near.get(hit.id, (None, None)))
+            before, after = near.get(hit.id, (None, None))
+            partner = _partner(hit, before, after)
             if partner is not None and partner.id not in known and \
                     partner.id not in exclude_ids:
                 known.add(partner.id)
-                entries.append(self.entry(partner, near=True))
-        log.debug("recall: %d recalled, %d beside them", len(hits), len(entries) - len(hits))
-        return entries
+                found.append((hit, partner, partner is after))
+        return found
 
     def hits(self, thread: Thread, query: str, *, k: int = 5,
              exclude_ids: Collection[str] = (), informative_only: bool = True
@@ -248,7 +260,11 @@ class Recall:
                 return kept[:k], hint
         found: list[SearchHit] = []
         if hint.window is not None:       # a period named is searched either way; when
-            found += _mix(*tiers(limit=2 * k, window=hint.window)) or \
+            said, general = tiers(limit=2 * k, window=hint.window)
+            if not said:                  # none of the other words: what they said then
+                said = self._said_by(named or self.archive.speakers(words, **where),
+                                     hint.window, 2 * k, exclude_ids, where)
+            found += _mix(said, general) or \
                 self.archive.said_within(hint.window, limit=k, exclude_ids=exclude_ids,
                                          **where)   # no word matches: what was said then
         said, general = tiers(limit=CANDIDATES * k, informative_only=informative_only)
@@ -273,6 +289,18 @@ class Recall:
         named = self.archive.speakers(words, **where)
         rest = [word for word in query_words(words) if word not in named]
         return (named, " ".join(rest)) if named and rest else ([], words)
+
+    def _said_by(self, named: list[str], window: tuple[float, float], limit: int,
+                 exclude_ids: Collection[str], where: dict) -> list[SearchHit]:
+        """The newest LIMIT messages the people NAMED (words of the question) sent within
+        WINDOW: "What did Nadia do on 8 May?" asks for hers, not the ones greeting her."""
+        if not named:
+            return []
+        names = [set(folded_words(word)) for word in named]
+        said = self.archive.said_within(window, limit=SAID_READ * limit,
+                                        exclude_ids=exclude_ids, **where)
+        return [hit for hit in said if any(name <= set(folded_words(who(hit.sender, hit.extra)))
+                                           for name in names)][:limit]
 
     def _kept(self, thread: Thread, allowed: set[str], found: list[SearchHit],
               hint: DateHint, query: str, exclude_ids: Collection[str]) -> list[Ranked]:
@@ -326,15 +354,16 @@ class Recall:
         return self._named(words, self._scope_of(Thread(*thread))[1])[0]
 
     def entry(self, hit: MessageRecord, *, near: bool = False) -> Entry:
-        """HIT as a recalled entry: where and when it was said, then its text (NEAR: it
-        came as the question or reply next to a recalled message)."""
+        """HIT as a recalled entry: where, when and by whom it was said, then its text
+        (NEAR: it came as the question or reply next to a recalled message)."""
         when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d")
         text = hit.text
         if len(text) > self.max_chars:
             text = text[:self.max_chars].rstrip() + " …"
+        by = " ".join([hit.role, shown_who(hit.sender, hit.extra)]).strip()
         beside = ", next to a recalled message" if near else ""
         return Entry(id=hit.id, role=hit.role, text=f"[recalled from {hit.thread}, {when}, "
-                     f"{hit.role}{beside}] {text}", turn=0, turn_type=hit.turn_type,
+                     f"{by}{beside}] {text}", turn=0, turn_type=hit.turn_type,
                      retention="DROPPABLE", kind="recalled")
 
 

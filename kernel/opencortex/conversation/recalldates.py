@@ -9,7 +9,9 @@ seconds, local time) with the question stripped of it, so that words like
 weekday word that reads as a name ("What did June say?", "Wednesday Addams")
 is no date.  Words asking
 for the present state ("now", "currently", "these days", "still") set
-`recent`: newer matches should win over older ones (a fact that changed).
+`recent`: newer matches should win over older ones (a fact that changed); so do
+"recently" and "lately", besides their window (the last month), for a history
+older than that (an imported chat: its newest, not none of it).
 "When ..." questions need no window: every recalled memory shows its date.
 """
 
@@ -182,5 +184,5 @@ def date_hint(question: str, now: float) -> DateHint:
             except (ValueError, OverflowError, OSError):
                 continue
             text = (question[:found.start()] + " " + question[found.end():]).strip()
-            return DateHint(text, window, found[0].strip(), recent)
+            return DateHint(text, window, found[0].strip(), recent or kind == "recently")
     return DateHint(question, None, "", recent)

@@ -2,7 +2,8 @@
 
 The period and words searched, the people the question names, then per hit
 its score (with dense recall: the rank each ranking gave it and the fused
-score), date, where, who said it, the words it matched and its text.  Text
+score), date, where, who said it, the words it matched and its text; then the
+questions and replies recall brings next to them.  Text
 and names are the archive's (untrusted): shown on one line each, cut short.
 """
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from opencortex.conversation.fusion import Ranked
 from opencortex.conversation.recallwords import searched_words
 from opencortex.events import Thread
+from opencortex.memory import MessageRecord
 from opencortex.memory.query import query_text
 from opencortex.memory.rows import who
 
@@ -41,16 +43,29 @@ def explain(recall: Recall, thread: Thread, query: str, *, k: int = 10) -> str:
         lines.append(f"dates: {start} to {end} (\"{hint.label}\"), searched first")
     if hint.recent:
         lines.append("asks about the present: newer matches ranked higher")
+    number_of = {}
     for number, item in enumerate(ranked, 1):
-        hit = item.hit
-        terms = ", ".join(hit.matched)
-        when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d %H:%M")
-        text = " ".join(hit.text.split())
-        sender = " ".join(who(hit.sender, hit.extra).split())
-        said = f" {sender[:60]}" if sender else ""
-        lines.append(f"{number}. {_why(item)}, {when}, {hit.thread}, {hit.role}{said}; "
-                     f"matched: {terms or '-'}\n   {text[:140]}")
+        number_of[item.hit.id] = number
+        terms = ", ".join(item.hit.matched)
+        lines.append(f"{number}. {_why(item)}, {_said(item.hit)}; matched: {terms or '-'}\n"
+                     f"   {_text(item.hit)}")
+    for hit, partner, reply in recall.beside([item.hit for item in ranked]):
+        what = "the reply to" if reply else "the question of"
+        lines.append(f"+ {what} {number_of[hit.id]}, {_said(partner)}\n   {_text(partner)}")
     return "\n".join(lines) if ranked else "\n".join(lines + ["Nothing recalled."])
+
+
+def _said(message: MessageRecord) -> str:
+    """When, where and by whom MESSAGE was said, on one line."""
+    when = datetime.fromtimestamp(message.timestamp).strftime("%Y-%m-%d %H:%M")
+    sender = " ".join(who(message.sender, message.extra).split())
+    said = f" {sender[:60]}" if sender else ""
+    return f"{when}, {message.thread}, {message.role}{said}"
+
+
+def _text(message: MessageRecord) -> str:
+    """The start of MESSAGE's text, on one line."""
+    return " ".join(message.text.split())[:140]
 
 
 def _why(item: Ranked) -> str:

@@ -8,8 +8,8 @@ index reads them as one phrase: "TCP/IP" finds "TCP/IP" and "TCP IP") and by
 their parts too, so that a message naming one of them is found after those
 naming both; numbers ("10:30"), function words ("and/or") and a link's scheme
 ("https:") are no parts worth matching.  A text asks something when it
-ends with a question mark, whatever script or emoji follows (`asks`), or
-opens with a question word (`is_question`).
+ends with a question mark, whatever script or emoji follows, or a sentence near
+its end does (`asks`), or it opens with a question word (`is_question`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ _LINK_WORDS = frozenset("http https ftp file mailto www".split())
 MAX_PARTS = 4                # parts of one joined word searched, at most (the last ones)
 QUESTION_MARKS = ("?", "\uff1f", "\u061f")   # ?, the fullwidth ？ and the Arabic ؟
 _ASKS = re.compile("[" + "".join(QUESTION_MARKS) + r"]\W*\Z")
+ASKED_TAIL = 160             # a question ending a sentence this close to the end asks
+_ASKS_BEFORE = re.compile("[" + "".join(QUESTION_MARKS) + r"]+[!\"'”’)\]]*\s+\S")
 _QUESTION_WORDS = frozenset("""what when where which who whom whose why how did does do is are
 was were can could will would should has have had""".split())
 
@@ -71,8 +73,11 @@ def searched_words(question: str, undated: str) -> str:
 
 def asks(text: str) -> bool:
     """True when TEXT ends with a question mark ("?", "？", "؟"), whatever follows it
-    that is not a word ("?!", "? 🙂", "?)")."""
-    return _ASKS.search(text[-64:]) is not None
+    that is not a word ("?!", "? 🙂", "?)"), or a sentence of its last ASKED_TAIL
+    characters does ("What got you into it? I'd love to try."; a link's "?q=" asks
+    nothing)."""
+    return _ASKS.search(text[-64:]) is not None or \
+        _ASKS_BEFORE.search(text[-ASKED_TAIL:]) is not None
 
 
 def is_question(text: str) -> bool:

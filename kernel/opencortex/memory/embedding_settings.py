@@ -1,4 +1,9 @@
-"""`[memory]` settings: the optional embedding model recall fuses with its lexical ranking.
+"""`[memory]` settings: the stemmer of the full-text index, and the optional embedding
+model recall fuses with its lexical ranking.
+
+    [memory]
+    stemmer = "porter"    # English stemming ("donated" finds "donate"); "none": words
+                          # as written (an archive in another language)
 
 Nothing here is required.  Without `[memory.embeddings] model`, recall is
 lexical only (per-owner FTS5) and no embedding package is imported::
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -74,3 +81,9 @@ class MemorySettings(BaseModel):
 
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     write_process: bool = True     # serve: files written by a child process (`write_process`)
+    stemmer: Literal["porter", "none"] = "porter"   # the index's; another one rebuilds it
+
+    @property
+    def tokenizer(self) -> str:
+        """The index's FTS5 tokenizer for `stemmer` (see `memory.partitions.TOKENIZERS`)."""
+        return "porter" if self.stemmer == "porter" else "unicode61"

@@ -36,6 +36,7 @@ cut short, say) stops the import once everything read before it is saved.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -204,20 +205,52 @@ def jsonl_values(stream: BinaryIO) -> Iterator[tuple[str, Any]]:
             continue
         try:
             yield where, json.loads(line)
-        except (ValueError, RecursionError):
+        except ValueError:
             yield where, Problem(where, "not valid JSON (or not UTF-8)")
+        except RecursionError:
+            yield where, Problem(where, "nests too deeply to be read")
 
 
 def jsonl_items(stream: BinaryIO, default_thread: Thread | None) -> Iterator[Read]:
     """The messages of a JSON Lines file, a line at a time (blank lines are skipped)."""
+    repeats = _Repeats()
     for where, data in jsonl_values(stream):
         if isinstance(data, Problem):
             yield data
             continue
         try:
-            yield _jsonl_item(data, where, default_thread)
+            yield _jsonl_item(data, where, default_thread, repeats)
         except (BadMessage, ValueError) as error:
             yield Problem(where, str(error))
+
+
+class _Repeats:
+    """Which time a message comes among those of its thread said at the same time: lines
+    with the same thread, time, sender and text in one such run are that many messages
+    ("ok", "lol", "ok" within a minute of a file with times in minutes), each with a key
+    of its own (the first the plain one); the same line again after the thread's time
+    moved on is the same message.  Memory is bounded (past it, a repeat is one message)."""
+
+    THREADS = 1024               # threads whose current time is remembered
+    KEYS = 10_000                # keys remembered for one thread and time
+
+    def __init__(self) -> None:
+        self._runs: dict[str, tuple[str, dict[bytes, int]]] = {}   # thread -> time, seen
+
+    def key(self, key: tuple[str, ...]) -> tuple[str, ...]:
+        """KEY (its format, thread, time, ...), made its run's Nth (N > 0) by a last part."""
+        thread, when = key[1], key[2]
+        at, seen = self._runs.get(thread, ("", {}))
+        if at != when:
+            if len(self._runs) >= self.THREADS:
+                self._runs.clear()
+            at, seen = self._runs[thread] = (when, {})
+        digest = hashlib.blake2b("\x1f".join(key).encode("utf-8", "surrogatepass"),
+                                 digest_size=16).digest()        # not the text itself
+        count = seen.get(digest, 0)
+        if count or len(seen) < self.KEYS:
+            seen[digest] = count + 1
+        return (*key, str(count)) if count else key
 
 
 def line_thread(data: dict[str, Any], default_thread: Thread | None) -> Thread | None:
@@ -226,7 +259,8 @@ def line_thread(data: dict[str, Any], default_thread: Thread | None) -> Thread |
     return default_thread if data.get("thread") is None else parse_thread(data["thread"])
 
 
-def _jsonl_item(data: Any, where: str, default_thread: Thread | None) -> Item | Problem:
+def _jsonl_item(data: Any, where: str, default_thread: Thread | None,
+                repeats: _Repeats) -> Item | Problem:
     """One JSON Lines object as a message to import (BadMessage when it is not one)."""
     if not isinstance(data, dict):
         raise BadMessage("not a JSON object")
@@ -241,7 +275,8 @@ def _jsonl_item(data: Any, where: str, default_thread: Thread | None) -> Item | 
     text = data.get("text")
     if not isinstance(text, str) or not text.strip():
         raise BadMessage("text must be non-empty text")
-    return make_item(("jsonl", str(thread), repr(when), sender or "", text), where,
+    key = repeats.key(("jsonl", str(thread), repr(when), sender or "", text))
+    return make_item(key, where,
                      role=role, text=text, thread=thread, sender=sender, timestamp=when,
                      extra={IMPORTED: "jsonl"})
 

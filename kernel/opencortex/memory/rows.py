@@ -13,6 +13,8 @@ IMPORTED = "IMPORTED"           # extra property: the format `memory import` rea
 COLUMNS = "id, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra"
 NOT_CONTROL = f"json_extract(extra, '$.{CONTROL_KEY}') IS NULL"   # SQL: not a control record
 # who sent a message, as the index searches it: the sender and their display name
+MAX_WHO_SHOWN = 60
+_BRACKETS = str.maketrans("[]", "  ")
 WHO = f"trim(coalesce(sender, '') || ' ' || coalesce(json_extract(extra, '$.{SENDER_NAME}'), ''))"
 
 
@@ -24,6 +26,13 @@ def columns_of(alias: str) -> str:
 def who(sender: str | None, extra: Mapping[str, str]) -> str:
     """Who sent a message, as the index searches it (see WHO): "12345 Alice Smith"."""
     return " ".join(part for part in (sender, extra.get(SENDER_NAME)) if part)
+
+
+def shown_who(sender: str | None, extra: Mapping[str, str]) -> str:
+    """`who` sent a message as a header shows it: one line of at most MAX_WHO_SHOWN
+    characters without brackets (a display name is anyone's choice: it cannot close
+    the header it stands in)."""
+    return " ".join(who(sender, extra).translate(_BRACKETS).split())[:MAX_WHO_SHOWN]
 
 
 def text_key(text: str) -> str:

@@ -1,0 +1,58 @@
+"""Recall and words of time: "recently" in any history (imported or old), and what a
+person named said in a period named."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from opencortex.conversation.recall import Recall
+from opencortex.conversation.recalldates import date_hint
+from opencortex.events import Thread
+
+from test_recall import archive, say  # noqa: F401  (archive: a fixture)
+
+CLI = Thread("cli", "local")
+EMACS = Thread("emacs", "notes")
+DAY = 86400.0
+
+
+def test_recently_and_lately_ask_for_the_newer_match_as_now_does():
+    now = datetime(2026, 11, 20).timestamp()
+    for question in ("what did Tom paint recently?", "what has she read lately"):
+        hint = date_hint(question, now)
+        assert hint.recent and hint.window is not None      # the last month, searched first
+
+
+def test_recently_puts_the_newer_statement_first_in_a_history_older_than_a_month(archive):
+    """An imported chat from last year: "recently" means its newest, not none of it (the
+    last month held nothing, and the older, shorter message used to win)."""
+    start = time.time() - 400 * DAY
+    archive.append([
+        say("I painted a lake at sunrise.", CLI, timestamp=start),
+        say("Finally done: I painted a portrait of my daughter holding sunflowers in "
+            "the garden, it took weeks.", CLI, timestamp=start + 30 * DAY)])
+    for question in ("What did Tom paint recently?", "What has Tom painted lately?"):
+        best, _ = Recall(archive, {}).recall(EMACS, question, k=2)
+        assert "portrait" in best.text
+
+
+def test_what_a_person_said_on_a_day_is_what_they_said_not_greetings_to_them(archive):
+    """"What did Nadia do on 8 May 2025?": the words left name only Nadia; her messages
+    of that day are the answer, not the ones that greet her ("Bye Nadia!")."""
+    day = datetime(2025, 5, 8, 13, 0).timestamp()
+    talk = [("Tomas", "Hey Nadia! How are you?"),
+            ("Nadia", "Hi Tomas! I went to a pottery class this morning, made a bowl."),
+            ("Tomas", "Haha Nadia that's great"), ("Nadia", "Also booked flights to Oslo."),
+            ("Tomas", "Bye Nadia!")]
+    archive.append([say(text, CLI, sender=who, timestamp=day + 60 * n)
+                    for n, (who, text) in enumerate(talk)])
+    archive.append([say(f"Nadia and Tomas on the weather {n}", CLI, sender="Tomas",
+                        timestamp=day + 5 * DAY + n) for n in range(10)])
+    recall = Recall(archive, {})
+    for question, person in [("What did Nadia do on 8 May 2025?", "Nadia"),
+                             ("What did Nadia say on May 8, 2025?", "Nadia"),
+                             ("What did Tomas say on 8 May 2025?", "Tomas")]:
+        hits, _ = recall.hits(EMACS, question, k=2)
+        assert [hit.sender for hit in hits] == [person, person], question
+        assert all(hit.timestamp < day + DAY for hit in hits)
