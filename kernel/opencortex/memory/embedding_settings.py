@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
