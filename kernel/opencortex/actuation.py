@@ -105,6 +105,7 @@ class Actuation:
             result.status = "failed"
             result.ids = await self.archive(event, result, text, extra={"DELIVERY": "failed"})
             return
+        actuator.saying(event)
 
         async def say() -> None:
             try:
