@@ -153,13 +153,17 @@ Return the region's start position when it was live, else nil."
     start))
 
 (defun opencortex--on-chunk (turn-id text)
-  "Queue, for the turn TURN-ID, the streamed TEXT."
+  "Queue, for the turn TURN-ID, the streamed TEXT.
+A turn's first words are written at once, even when another turn's were
+written a moment ago; the rest are coalesced."
   (opencortex--turn-started turn-id)
-  (let ((stream (or (gethash turn-id opencortex--streams)
-                    (puthash turn-id (opencortex--make-stream turn-id)
-                             opencortex--streams))))
+  (let* ((known (gethash turn-id opencortex--streams))
+         (stream (or known (puthash turn-id (opencortex--make-stream turn-id)
+                                    opencortex--streams))))
     (push text (opencortex--stream-pending stream))
-    (opencortex--schedule-flush)))
+    (if known
+        (opencortex--schedule-flush)
+      (opencortex--flush-streams))))
 
 (defun opencortex--on-end (turn-id text)
   "End TURN-ID: its streamed region becomes TEXT (nothing when TEXT is empty)."

@@ -30,8 +30,9 @@ async def until(predicate, seconds: float = 30.0) -> None:
 
 async def archived_step(kernel: Kernel, thread: Thread, seconds: float = 30.0) -> str:
     """The text of the first tool step of THREAD's turn, once archived (bounded wait):
-    a bridge sends the reply before the turn's write is durable, so a test that saw
-    the reply may look before the record is there."""
+    an approval's outcome ("Done: ...") is told before its turn's write is durable
+    (a reply is not: `Actuation.reply`), so a test that saw it may look before the
+    record is there."""
     found: list = []
 
     def step() -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Awaitable, Callable
 
 from opencortex.actions import Action, Log, Response, ShellCommand, ToolCall, reply_action
 from opencortex.actuators import ActuatorError, ActuatorRegistry, MessageActuator
@@ -77,21 +78,47 @@ class Actuation:
             action = reply_action(event.channel, event.chat_id, action.text,
                                   self.config.chat.buffer)
         target = str(action.to_plist().get("target"))
+        if action.reply_text is not None:
+            await self.reply(event, action, target, result)
+            return
         try:
             outcome = await self.actuators.for_target(target).carry_out(action, event)
         except ActuatorError as error:
             result.errors.append(str(error))
-            if action.reply_text is None:
-                raise TurnFailed(str(error)) from error
-            # The reply exists and was verified: keep it, marked undelivered.
-            result.status = "failed"
-            result.text = action.reply_text
-            result.ids = await self.archive(event, result, action.reply_text,
-                                            extra={"DELIVERY": "failed"})
-            return
+            raise TurnFailed(str(error)) from error
         result.status = "done"
         result.text = outcome.shown if outcome.shown is not None else action.reply_text
         result.ids = await self.archive(event, result, result.text or "")
+
+    async def reply(self, event: Event, action: Action, target: str,
+                    result: TurnResult) -> None:
+        """Say ACTION's verified words, once the turn that holds them is durable: a
+        person is never told what a crash could take back.  A reply no actuator can
+        say is kept, marked undelivered; one the platform then refuses is kept as
+        written (the person's message stays answered in memory) and the turn fails."""
+        text = action.reply_text or ""
+        result.text = text
+        try:
+            actuator = self.actuators.for_target(target)
+        except ActuatorError as error:
+            result.errors.append(str(error))
+            result.status = "failed"
+            result.ids = await self.archive(event, result, text, extra={"DELIVERY": "failed"})
+            return
+        actuator.saying(event)
+
+        async def say() -> None:
+            try:
+                outcome = await actuator.carry_out(action, event)
+            except ActuatorError as error:
+                result.errors.append(str(error))
+                result.status = "failed"
+                log.warning("a durable reply could not be delivered on %s", event.channel)
+                return
+            result.status = "done"
+            if outcome.shown is not None:
+                result.text = outcome.shown
+        result.ids = await self.archive(event, result, text, durable=say)
 
     async def stopped(self, event: Event, result: TurnResult, why: str) -> None:
         """End a turn whose tool loop stopped before the model answered (WHY: stopped by
@@ -243,15 +270,20 @@ class Actuation:
 
     async def archive(self, event: Event, result: TurnResult, reply: str, *,
                       role: str = "assistant", turn_type: str = "speech",
-                      extra: dict[str, str] | None = None) -> list[str]:
+                      extra: dict[str, str] | None = None,
+                      durable: Callable[[], Awaitable[None]] | None = None) -> list[str]:
         """Write the turn: the person's message and the answer, in one append."""
-        return await self.archive_many(event, result, [(role, reply, turn_type)], extra)
+        return await self.archive_many(event, result, [(role, reply, turn_type)], extra,
+                                       durable=durable)
 
     async def archive_many(self, event: Event, result: TurnResult,
                            replies: list[tuple[str, str, str]],
-                           extra: dict[str, str] | None = None) -> list[str]:
-        """Archive the turn on the thread's current branch; tell the person when the
-        working context was compressed to make room."""
+                           extra: dict[str, str] | None = None, *,
+                           durable: Callable[[], Awaitable[None]] | None = None
+                           ) -> list[str]:
+        """Archive the turn on the thread's current branch (DURABLE awaited once the write
+        is durable); tell the person when the working context was compressed to make
+        room."""
         usage = result.usage
         metrics = {"SKILL": result.skill or "", "BACKEND": result.backend,
                    "LATENCY_MS": f"{1000 * (time.perf_counter() - result.started):.1f}",
@@ -272,7 +304,7 @@ class Actuation:
         messages += [NewMessage(role=role, text=text, thread=event.thread, turn_type=kind)
                      for role, text, kind in replies]
         records, report = await self.conversations.record_turn(
-            event.thread, messages, metrics, pin=result.pinned)
+            event.thread, messages, metrics, pin=result.pinned, durable=durable)
         if report is not None:
             await self.notify(event, f"Context compressed ({report.strategy}): {report.notes}",
                               result, error=False, heading=False)

@@ -37,6 +37,7 @@ class EmacsLink:
         self.connections: list[KernelConnection] = []
         self.call_timeout = call_timeout
         self.relays: dict[Thread, "StreamRelay"] = {}
+        self.saying: set[Thread] = set()    # threads whose running turn is kept and said
 
     def connected(self, connection: KernelConnection) -> None:
         if connection not in self.connections:
@@ -107,6 +108,9 @@ class EmacsActuator(MessageActuator):
     async def deliver(self, address: str, text: str) -> None:
         for piece in split_utf8(as_lines(text), self.piece_bytes):
             await self.link.call("opencortex-insert", address, piece)
+
+    def saying(self, event: Event) -> None:
+        self.link.saying.add(event.thread)
 
     async def carry_out(self, action: Action, event: Event) -> Outcome:
         """A reply into the chat buffer takes the place of its streamed preview."""
@@ -234,6 +238,7 @@ class EmacsService:
 
     def _turn_finished(self, thread: Thread, relay: StreamRelay,
                        task: asyncio.Task[TurnResult]) -> None:
+        self.link.saying.discard(thread)
         tasks = self.running.get(thread, [])
         if task in tasks:
             tasks.remove(task)
@@ -255,9 +260,11 @@ class EmacsService:
                          {**await self.kernel.view(thread), "turn-id": turn_id})
 
     async def abort_turn(self, chat_id: str) -> bool:
-        """Abort the turn in progress (turns of a thread run in arrival order)."""
-        pending = [t for t in self.running.get(Thread("emacs", chat_id), []) if not t.done()]
-        if not pending:
+        """Abort the turn in progress (turns of a thread run in arrival order); not one
+        whose reply is decided and being written (it will be said and kept)."""
+        thread = Thread("emacs", chat_id)
+        pending = [t for t in self.running.get(thread, []) if not t.done()]
+        if not pending or thread in self.link.saying:
             return False
         pending[0].cancel()
         return True

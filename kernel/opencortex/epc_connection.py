@@ -45,6 +45,7 @@ PRE_AUTH_FRAMES = 4             # e.g. `methods`, then `authenticate`
 FLUSH_ON_CLOSE = 2.0            # seconds a closing connection has to take its last frames
 INLINE_DECODE_BYTES = 8 << 10   # bigger frames are decoded off the loop (~1 ms of sexpdata)
 UNANSWERED_NOTICES = 4096       # notifications whose answer is still awaited, at most
+QUICKACK = getattr(socket, "TCP_QUICKACK", None)   # Linux only
 
 
 class PayloadTooLarge(ValueError):
@@ -53,6 +54,19 @@ class PayloadTooLarge(ValueError):
 
 class ConnectionClosed(ConnectionError):
     """The connection is closed (or was closed for not reading): nothing more is sent."""
+
+
+def quick_ack(transport: asyncio.BaseTransport | None) -> None:
+    """Acknowledge what was just read at once (Linux): Emacs's socket keeps Nagle on, so
+    its second small frame in a row (the return of our call, then the next message)
+    waits for our ACK, which the kernel's TCP would delay ~40 ms when we have nothing to
+    send.  TCP_QUICKACK does not stay set: it is set again at every read."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None and QUICKACK is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
+        except OSError:
+            pass
 
 
 def method_name(value: Any) -> str:
@@ -114,6 +128,7 @@ class KernelConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        quick_ack(self.transport)
         self.frames.feed(data)
         broken = None
         try:

@@ -161,6 +161,11 @@ class WireActuator(MessageActuator):
                                 "a wire turn has nowhere to go")
         return self.fallback
 
+    def saying(self, event: Event) -> None:
+        turn = current_turn.get()
+        if turn is not None:
+            turn.acting = True
+
     async def carry_out(self, action: Action, event: Event) -> Outcome:
         turn = current_turn.get()
         if turn is None:

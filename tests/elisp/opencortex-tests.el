@@ -186,6 +186,15 @@ BODY runs in a new chat buffer shown in the selected window."
       (should (equal (opencortex-test--transcript) expected))
       (should (gethash "t1" opencortex--turns-in-flight)))))
 
+(ert-deftest opencortex-stream-first-words-of-a-turn-come-at-once ()
+  "A new turn's first chunk is written at once, even right after another turn's
+update (before, it waited for the coalescing timer: ~35 ms between turns)."
+  (opencortex-test--with-chat
+    (opencortex--handle-stream "t5" "chunk" "first turn ")
+    (opencortex--handle-stream "t5" "end" "first turn")
+    (opencortex--handle-stream "t6" "chunk" "second turn")
+    (should (string-search "second turn" (opencortex-test--transcript)))))
+
 (ert-deftest opencortex-stream-rate-is-bounded ()
   "Chunks arriving every millisecond update the buffer at most once an interval."
   (opencortex-test--with-chat

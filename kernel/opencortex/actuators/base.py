@@ -39,6 +39,11 @@ class Actuator(abc.ABC):
     async def carry_out(self, action: Action, event: Event) -> Outcome:
         """Do ACTION (already verified) for EVENT; raise ActuatorError on failure."""
 
+    def saying(self, event: Event) -> None:
+        """EVENT's reply, for this actuator, is decided and its turn is being written: from
+        now on the turn is kept and said whatever happens, so a frontend that offers to
+        abort turns refuses (nothing by default)."""
+
     async def aclose(self) -> None:
         """Release what the actuator holds; the default holds nothing."""
 

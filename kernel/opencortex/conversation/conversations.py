@@ -31,7 +31,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Collection, Iterable, Sequence
+from typing import Any, Awaitable, Callable, Collection, Iterable, Sequence
 
 from opencortex.conversation.checkpoint import ContextMark, checkpoint_message
 from opencortex.conversation.checkpointscan import scan_checkpoint
@@ -293,10 +293,14 @@ class Conversations:
             return []
 
     async def record_turn(self, thread: Thread, messages: Sequence[NewMessage],
-                          metrics: dict[str, str], *, pin: bool = False
+                          metrics: dict[str, str], *, pin: bool = False,
+                          durable: Callable[[], Awaitable[None]] | None = None
                           ) -> tuple[list[MessageRecord], CompressionReport | None]:
         """Archive one turn on the current branch and add it to the working context;
-        with PIN the turn is pinned (PRESERVED), as `/pin` would pin it."""
+        with PIN the turn is pinned (PRESERVED), as `/pin` would pin it.  DURABLE is
+        awaited as soon as the turn's write is durable, before pinning and any
+        compression (the reply is said there: never before its fsync, never after a
+        summarizer's call)."""
         conversation = await self.open(thread)
         before = conversation.context.used
         added = sum(count_tokens(m.text) for m in messages
@@ -307,6 +311,8 @@ class Conversations:
                  for m in messages]
         records = await conversation.log.append_turn_async(
             batch, checkpoint=True, context=self._mark(conversation))
+        if durable is not None:
+            await durable()
         turn = conversation.log.turn_count()
         if pin:                         # control records: written off the loop too
             await self.read(lambda: [conversation.log.pin(record.id) for record in records])
