@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -291,6 +292,41 @@ def test_galois_with_the_default_lexical_measure_reports_it():
     report = context.reports[0]
     assert report.measure == "lexical" and 0 <= report.loss <= 1
     assert f"lexical loss {report.loss:.2f}" in report.notes
+
+
+class ThreadNoting:
+    """The lexical measure, noting the thread of each call."""
+
+    name = "lexical"
+
+    def __init__(self):
+        self.threads: list[str] = []
+        self.measure = similarity_from_name("lexical")
+
+    def distance(self, a: str, b: str) -> float:
+        self.threads.append(threading.current_thread().name)
+        return self.measure.distance(a, b)
+
+
+@pytest.mark.parametrize("strategy", ["sliding", "summarize", "galois"])
+def test_measuring_the_loss_and_the_offline_summary_never_run_on_the_loop(strategy,
+                                                                          monkeypatch):
+    """A measure of loss costs time with the whole context, and the offline summary with
+    what it folds: a fork of a long thread held every conversation 27-67 ms on the loop."""
+    import opencortex.conversation.summaries as summaries
+    summarized: list[str] = []
+    real = summaries.extract_summary
+
+    def noting(entries, max_tokens):
+        summarized.append(threading.current_thread().name)
+        return real(entries, max_tokens)
+    monkeypatch.setattr(summaries, "extract_summary", noting)
+    measure = ThreadNoting()
+    context = run(filled(strategy, 12, similarity=measure))
+    assert context.reports and measure.threads
+    loop = threading.main_thread().name
+    assert loop not in measure.threads and loop not in summarized
+    assert bool(summarized) == (strategy != "sliding")
 
 
 def test_the_notes_say_what_was_folded_in_one_sentence():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -75,6 +76,31 @@ def test_commands_answer_on_the_channel_and_are_not_archived_as_turns(home):
         assert name in helps.text
     users = [r.text for r in kernel.archive.read_thread(CLI) if r.role == "user"]
     assert users == ["first question", "second question", "third question"]
+
+
+def test_a_fork_fills_its_context_off_the_loop(home, monkeypatch):
+    """Refilling a context adds up to a window of messages and compresses them: on the
+    loop, a /fork or /switch of a long thread held every conversation 27-67 ms."""
+    from opencortex.conversation.context import WorkingContext
+    filled_on: list[str] = []
+    real = WorkingContext.add
+
+    async def noting(self, *entries):
+        filled_on.append(threading.current_thread().name)
+        return await real(self, *entries)
+    kernel, _, _ = kernel_for(home, budget=300)
+
+    async def scenario():
+        for number in range(30):
+            await say(kernel, f"fact number {number}: the heron nests by the lake")
+        monkeypatch.setattr(WorkingContext, "add", noting)
+        forked = await say(kernel, "/fork")
+        switched = await say(kernel, "/switch main")
+        return forked, switched
+    forked, switched = run(scenario())
+    assert "Forked" in forked.text and "Switched" in switched.text
+    assert filled_on and threading.main_thread().name not in filled_on
+    run(kernel.aclose())
 
 
 def test_fork_rewind_merge_and_restart(home):

@@ -19,11 +19,15 @@ are touched; everything else comes back unchanged and in place.
 records, without the summarizer (see `WorkingContext.replay`).
 
 Summarizers live in `summaries`, semantic measures in `similarity`; both are
-re-exported here.
+re-exported here.  A measure of loss is work for the CPU in proportion to the
+whole context (and the offline summarizer's, to what it folds): both run in a
+worker thread (`asyncio.to_thread`), never on the event loop, where a fork or
+a compression of a long context held every conversation for tens of ms.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -38,8 +42,8 @@ from opencortex.ids import random_uuid
 __all__ = [
     "STRATEGIES", "CompressionReport", "EmbeddingSimilarity", "Folding", "LexicalSimilarity",
     "Similarity", "Summarizer", "backend_summarizer", "context_text", "extract_summary",
-    "extractive_summarizer", "fit_tokens", "fold", "recorded_fold", "similarity_from_name",
-    "turn_span",
+    "extractive_summarizer", "fit_tokens", "fold", "loss_of", "recorded_fold",
+    "similarity_from_name", "turn_span",
 ]
 
 STRATEGIES: tuple[str, ...] = ("sliding", "forget", "summarize", "galois")
@@ -79,6 +83,13 @@ class Folding:
 def context_text(entries: Sequence[Entry]) -> str:
     """The text the model would read, for measuring loss."""
     return "\n".join(entry.text for entry in entries)
+
+
+async def loss_of(similarity: Similarity, reference: str, entries: Sequence[Entry]) -> float:
+    """How far ENTRIES' text is from REFERENCE (the context before) by SIMILARITY,
+    measured in a worker thread."""
+    return await asyncio.to_thread(lambda: similarity.distance(reference,
+                                                               context_text(entries)))
 
 
 def turn_span(entries: Sequence[Entry]) -> str:
@@ -301,7 +312,7 @@ async def _galois(entries: list[Entry], movable: Sequence[bool], target: int,
     best: tuple[float, Folding] | None = None
     for step, (k, allowance) in enumerate(_sizes("galois", entries, movable, target)):
         candidate = await _summarized(entries, movable, k, allowance, summarizer)
-        loss = similarity.distance(reference, context_text(candidate.entries))
+        loss = await loss_of(similarity, reference, candidate.entries)
         if best is None or loss < best[0]:
             best = (loss, candidate)
         if loss <= tolerance:

@@ -34,7 +34,7 @@ from typing import Literal
 from opencortex.conversation.checkpoint import ContextMark
 from opencortex.conversation.compression import (
     STRATEGIES, CompressionReport, Folding, Similarity, Summarizer, context_text,
-    extractive_summarizer, fold, recorded_fold)
+    extractive_summarizer, fold, loss_of, recorded_fold)
 from opencortex.conversation.entries import Entry, Retention, count_tokens, default_retention
 from opencortex.conversation.similarity import LexicalSimilarity, similarity_from_name
 
@@ -199,7 +199,7 @@ class WorkingContext:
         changed = bool(dropped or folding.dropped or folding.summarized)
         loss = folding.loss
         if loss is None and changed:
-            loss = self.similarity.distance(reference, context_text(self.entries))
+            loss = await loss_of(self.similarity, reference, self.entries)
         fixed = sum(e.tokens for e, untouchable in zip(before, protected) if untouchable)
         report = CompressionReport(
             strategy=self.strategy, before_tokens=before_tokens, after_tokens=self._used,

@@ -44,6 +44,7 @@ from opencortex.conversation.session import Session
 from opencortex.conversation.settings import ConversationSettings
 from opencortex.conversation.restoredcontext import fill, restored
 from opencortex.conversation.storedsummaries import ID_PREFIX, summary_message
+from opencortex.conversation.summaries import on_loop
 from opencortex.conversation.threadlog import ThreadLog
 from opencortex.events import Thread
 from opencortex.memory import Archive, ArchiveError, MessageRecord, NewMessage
@@ -194,17 +195,22 @@ class Conversations:
         return context
 
     async def refill(self, conversation: Conversation) -> CompressionReport | None:
-        """A fresh working context for the current branch (after a start, fork, rewind, …)."""
+        """A fresh working context for the current branch (after a start, fork, rewind, …).
+        Off the loop: reading the log (a pin or summary older than the tail makes it
+        read whole), and filling the context, which compresses up to a window of
+        messages (a thread of its own, on a loop of its own; a summary a backend makes
+        is asked for on this loop)."""
         strategy = conversation.context.strategy
-        context = self._new_context()
+        summarizer = self.summarizer and on_loop(self.summarizer, asyncio.get_running_loop())
+        context = WorkingContext.from_settings(self.settings, summarizer=summarizer)
         context.set_strategy(strategy)
-        # Off the loop: a pin or summary older than the tail makes the log read whole.
         found = await self.read(restored, conversation.log, strategy, WINDOW_MESSAGES)
-        conversation.context = context
         conversation.kept_summaries.update(found.kept_ids())
         entries = [e for e in found.entries() if e.kind == "summary" or
                    shown_to_model(e.role, e.turn_type)]
-        report = await fill(context, found, entries, configured=self.settings.strategy)
+        report = await asyncio.to_thread(asyncio.run, fill(
+            context, found, entries, configured=self.settings.strategy))
+        conversation.context = context
         if await self._keep_summaries(conversation) and found.window.mark is None:
             await self._checkpoint(conversation)
         return report

@@ -64,6 +64,7 @@ _WORD = re.compile(r"[a-z][a-z'\-]*")
 _CODE_HINT = re.compile(r"[`{}\[\]<>=/\\|$#@*_]|\d")
 _NO_TROUBLE = re.compile(r"\bno (?:problem|worries|prob)\b")
 _MAX_CHIT_CHAT_WORDS = 4
+_MAX_CHIT_CHAT_CHARS = 200    # small talk is short: a longer text never is (nor read whole)
 
 
 # One regular expression each, not a loop over the characters: this runs on the event
@@ -87,6 +88,8 @@ def is_chit_chat(text: str) -> bool:
     stripped = text.strip()
     if not stripped:
         return True
+    if len(stripped) > _MAX_CHIT_CHAT_CHARS:     # searching megabytes held the loop ~100 ms
+        return False
     if _emoji_or_punctuation_only(stripped):
         return True
     if _CODE_HINT.search(stripped) or _DIGIT.search(stripped):

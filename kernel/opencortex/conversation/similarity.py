@@ -30,8 +30,10 @@ _WORD = re.compile(r"[\w][\w'.:/+-]*[\w]|[\w]", re.UNICODE)
 
 
 def content_words(text: str) -> list[str]:
-    """TEXT's words that carry content, lower-cased: stopwords dropped, numbers and code kept."""
-    words = (w.lower().strip("'.") for w in _WORD.findall(text))
+    """TEXT's words that carry content, lower-cased: stopwords dropped, numbers and code kept.
+    Read a line at a time (no word spans lines): one search over a whole long context
+    held Python's lock for tens of ms, and with it every other thread, the loop's too."""
+    words = (w.lower().strip("'.") for line in text.split("\n") for w in _WORD.findall(line))
     return [w for w in words if w and w not in STOPWORDS]
 
 

@@ -10,6 +10,7 @@ Whatever a summarizer returns is cut to its allowance by the caller.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections import Counter
@@ -141,8 +142,20 @@ def extract_summary(entries: Sequence[Entry], max_tokens: int) -> str:
 
 
 async def extractive_summarizer(entries: list[Entry], max_tokens: int) -> str:
-    """The offline summarizer: `extract_summary` as a `Summarizer`."""
-    return extract_summary(entries, max_tokens)
+    """The offline summarizer: `extract_summary` as a `Summarizer`, in a worker thread
+    (its cost grows with what it folds)."""
+    return await asyncio.to_thread(extract_summary, entries, max_tokens)
+
+
+def on_loop(summarizer: Summarizer, loop: asyncio.AbstractEventLoop) -> Summarizer:
+    """SUMMARIZER callable from another thread's event loop too: its calls run on LOOP
+    (where a backend's connections live) and are awaited from the caller's."""
+    async def summarize(entries: list[Entry], max_tokens: int) -> str:
+        if asyncio.get_running_loop() is loop:
+            return await summarizer(entries, max_tokens)
+        return await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(summarizer(entries, max_tokens), loop))
+    return summarize
 
 
 SUMMARY_INSTRUCTIONS = (
