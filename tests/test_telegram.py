@@ -344,7 +344,10 @@ def test_an_approval_answered_by_a_text_reply(home, tmp_path):
     assert "Shell: echo approved-run (exit 0)" in archived(home)
 
 
-def test_after_a_crash_a_pending_message_already_archived_is_not_answered_again(home):
+def test_after_a_crash_a_pending_message_already_archived_gets_its_reply_not_a_new_turn(
+        home):
+    """A reply is said only once its turn is durable: a crash between the write and the
+    saying left it archived and unsaid, and the redelivered message was skipped."""
     from opencortex.bridges.inbound import Inbound
     from opencortex.bridges.inbox import Inbox
     from opencortex.memory import Archive, NewMessage
@@ -362,11 +365,12 @@ def test_after_a_crash_a_pending_message_already_archived_is_not_answered_again(
 
     async def scenario():
         async with bridge(home) as (fake, running, _):
-            await until(lambda: texts(fake, OWNER))
+            await until(lambda: len(texts(fake, OWNER)) == 2)
             await until(lambda: not running.inbox.pending())
             await asyncio.sleep(0.3)
-            assert texts(fake, OWNER) == ["[Echo] not yet"]
+            assert texts(fake, OWNER) == ["[Echo] answered", "[Echo] not yet"]
     run(scenario())
+    assert archived(home).count("answered") == 2        # no second turn was archived
 
 
 def test_strangers_refusals_never_delay_the_owners_reply_and_leave_nothing_pending(home):

@@ -12,8 +12,10 @@ one chat in order, chats in parallel).  For each message, in order:
 2. a reply "approve"/"deny" to an open approval of the sender settles it;
 3. media without a caption gets "text only"; edits and deletions are ignored;
 4. `/start` (and `/cmd@bot` in groups) become the kernel's commands;
-5. a message the inbox hands out again after a crash is not answered twice when its
-   platform id is already in the archive (its turn ended just before the crash);
+5. a message the inbox hands out again after a crash whose platform id is already in
+   the archive (its turn ended just before the crash) makes no second turn: the reply
+   archived with it is said again (a reply is said only after its turn is durable,
+   so a crash in between left it unsaid; one just after saying it says it twice);
 6. otherwise it becomes a chat event for the kernel's normal turn, with the
    typing indicator kept alive; the reply comes back through `BridgeActuator`,
    pinned to this chat by the kernel.
@@ -306,10 +308,14 @@ class Bridge:
             await self._say(message.chat_id, "I could not read that message; send it again.")
             return
         event = event.model_copy(update={"message_id": message.message_id})
-        if message.position in self._replayed and \
-                await self._already_answered(event.thread, message.message_id):
-            log.info("%s bridge: a redelivered message was already answered", self.channel)
-            return
+        if message.position in self._replayed:
+            answer = await self._archived_answer(event.thread, message.message_id)
+            if answer is not None:
+                log.info("%s bridge: a redelivered message's turn was archived; its reply "
+                         "is said again", self.channel)
+                if answer:
+                    await self._say(message.chat_id, answer)
+                return
         typing = asyncio.create_task(self._keep_typing(message.chat_id))
         try:
             await self.kernel.handle(event)
@@ -329,11 +335,22 @@ class Bridge:
         command = "/help" if command.lower() == "/start" else command
         return " ".join([command, *words[1:]])
 
-    async def _already_answered(self, thread: Thread, message_id: str) -> bool:
-        """Whether the archive holds MESSAGE_ID in THREAD (a redelivery after a crash)."""
+    async def _archived_answer(self, thread: Thread, message_id: str) -> str | None:
+        """For a redelivery after a crash: None when THREAD's archive lacks the message
+        MESSAGE_ID, else the reply archived after it in its turn ("" when none)."""
         store = self.kernel.conversations.store_for(thread)
         records = await asyncio.to_thread(store.history, thread, 50)
-        return any(r.extra.get(PLATFORM_ID) == message_id for r in records if r.role == "user")
+        asked = next((n for n, r in enumerate(records) if r.role == "user"
+                      and r.extra.get(PLATFORM_ID) == message_id), None)
+        if asked is None:
+            return None
+        turn = []
+        for record in records[asked + 1:]:
+            if record.role == "user":
+                break
+            turn.append(record)
+        return next((r.text for r in reversed(turn) if r.role == "assistant" and
+                     r.turn_type == "speech"), "")
 
     async def _keep_typing(self, chat_id: str) -> None:
         """Show "typing…" while the turn runs: from TYPING_AFTER seconds on (a quick
