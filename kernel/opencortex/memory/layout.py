@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -73,24 +74,31 @@ def org_file_sizes(root: Path) -> dict[str, int]:
     are none) by its name relative to ROOT, as the index records it: one scan of
     each channel's directory and a stat per file."""
     sizes: dict[str, int] = {}
+    for name, entry in _org_entries(root):
+        try:
+            sizes[name] = entry.stat().st_size
+        except FileNotFoundError:       # removed meanwhile
+            continue
+    return sizes
+
+
+def _org_entries(root: Path) -> Iterator[tuple[str, os.DirEntry]]:
+    """(name relative to ROOT, directory entry) of every thread file under ROOT."""
     if not root.is_dir():                   # a read-only home may have no memory yet
-        return sizes
+        return
     with os.scandir(root) as channels:
         for channel in channels:
             if channel.name.startswith(".") or not channel.is_dir():
                 continue
             try:
                 with os.scandir(channel.path) as entries:
-                    for entry in entries:
-                        if entry.name.endswith(".org") and not entry.name.startswith(".") \
-                                and entry.is_file():
-                            try:
-                                sizes[f"{channel.name}/{entry.name}"] = entry.stat().st_size
-                            except FileNotFoundError:       # removed meanwhile
-                                continue
+                    found = [(f"{channel.name}/{entry.name}", entry) for entry in entries
+                             if entry.name.endswith(".org") and not entry.name.startswith(".")
+                             and entry.is_file()]
             except PermissionError:
                 log.warning("%s cannot be read; its threads are left out", channel.name)
-    return sizes
+                continue
+            yield from found
 
 
 class ThreadHeaders:
@@ -130,18 +138,4 @@ class ThreadHeaders:
 
 def _org_inodes(root: Path) -> list[tuple[str, int]]:
     """(name relative to ROOT, inode) of every thread file under ROOT (no stat a file)."""
-    found: list[tuple[str, int]] = []
-    if not root.is_dir():
-        return found
-    with os.scandir(root) as channels:
-        for channel in channels:
-            if channel.name.startswith(".") or not channel.is_dir():
-                continue
-            try:
-                with os.scandir(channel.path) as entries:
-                    found += [(f"{channel.name}/{entry.name}", entry.inode())
-                              for entry in entries if entry.name.endswith(".org")
-                              and not entry.name.startswith(".") and entry.is_file()]
-            except PermissionError:
-                log.warning("%s cannot be read; its threads are left out", channel.name)
-    return found
+    return [(name, entry.inode()) for name, entry in _org_entries(root)]
