@@ -58,9 +58,23 @@ def test_given_up_tasks_leave_the_pool_free(caplog):
     assert "no more threads are made for them" in caplog.text
 
 
-def test_a_task_given_up_before_it_started_costs_nothing():
-    release = threading.Event()
+@pytest.fixture
+def release():
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+@pytest.fixture
+def one_thread():
+    """A pool of one thread, let go at the end."""
     workers = Workers(1, "test-workers")
+    yield workers
+    workers.shutdown()
+
+
+def test_a_task_given_up_before_it_started_costs_nothing(release, one_thread):
+    workers = one_thread
 
     async def scenario():
         first = workers.submit(release.wait, WAIT)
@@ -70,17 +84,12 @@ def test_a_task_given_up_before_it_started_costs_nothing():
         release.set()
         assert first.result(WAIT) is True
 
-    try:
-        run(scenario())
-    finally:
-        release.set()
-        workers.shutdown()
+    run(scenario())
 
 
-def test_a_cancelled_call_never_runs_when_queued_and_errors_reach_the_caller():
-    release = threading.Event()
+def test_a_cancelled_call_never_runs_when_queued_and_errors_reach_the_caller(release, one_thread):
     ran: list[str] = []
-    workers = Workers(1, "test-workers")
+    workers = one_thread
 
     async def scenario():
         first = workers.submit(release.wait, WAIT)
@@ -96,16 +105,11 @@ def test_a_cancelled_call_never_runs_when_queued_and_errors_reach_the_caller():
         assert await workers.run(ran.append, "after") is None
         assert ran == ["after"]                    # in order: "never" would come first
 
-    try:
-        run(scenario())
-    finally:
-        release.set()
-        workers.shutdown()
+    run(scenario())
 
 
-def test_shutdown_cancelling_what_waits_tells_its_callers():
-    release = threading.Event()
-    workers = Workers(1, "test-workers")
+def test_shutdown_cancelling_what_waits_tells_its_callers(release, one_thread):
+    workers = one_thread
 
     async def scenario():
         first = workers.submit(release.wait, WAIT)
@@ -119,18 +123,7 @@ def test_shutdown_cancelling_what_waits_tells_its_callers():
         release.set()
         assert first.result(WAIT) is True
 
-    try:
-        run(scenario())
-    finally:
-        release.set()
-        workers.shutdown()
-
-
-@pytest.fixture
-def release():
-    event = threading.Event()
-    yield event
-    event.set()
+    run(scenario())
 
 
 def turns(kernel, chats: list[str]) -> list:
