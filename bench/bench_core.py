@@ -129,9 +129,13 @@ def bench_kernel(turns: int = 500) -> None:
             times.append(time.perf_counter() - started)
         return times
 
-    def whole_turns(choice: str, count: int, parts: bool = False):
+    def whole_turns(choice: str | None, count: int, parts: bool = False):
+        """COUNT turns' times on the loop CHOICE names (None: the configured one), and
+        with PARTS, their appends' and recalls' (else empty); and that loop's name."""
         with tempfile.TemporaryDirectory() as tmp:
-            kernel = build_kernel(load_config(Path(tmp)), writer=lambda text: None)
+            config = load_config(Path(tmp))
+            choice = choice or config.event_loop
+            kernel = build_kernel(config, writer=lambda text: None)
             run(measure(kernel, 20), choice)  # warm up
             appends: list[float] = []
             recalls: list[float] = []
@@ -146,11 +150,9 @@ def bench_kernel(turns: int = 500) -> None:
                 recall.recall = timed(recalls, recall.recall)  # type: ignore[method-assign]
             whole = run(measure(kernel, count), choice)
             run(kernel.aclose(), choice)
-        return whole, appends, recalls
+        return whole, appends, recalls, "uvloop" if loop_factory(choice) else "asyncio"
 
-    choice = load_config(Path(tempfile.gettempdir()) / "opencortex-bench-none").event_loop
-    loop = "uvloop" if loop_factory(choice) is not None else "asyncio"
-    whole, appends, recalls = whole_turns(choice, turns, parts=True)
+    whole, appends, recalls, loop = whole_turns(None, turns, parts=True)
     core = [t - a - r for t, a, r in zip(whole, appends, recalls)]
     print(f"kernel turn, echo backend ({turns} turns, on {loop}: the loop serve runs on):")
     for label, values in (("whole turn", whole), ("archive append (fsync)", appends),
@@ -160,7 +162,7 @@ def bench_kernel(turns: int = 500) -> None:
               f"p99 {percentile(values, .99) * 1e3:7.3f} ms"
               + ("   (target: whole turn p50 <= 2 ms)" if label.startswith("the rest") else ""))
     if loop != "asyncio":
-        plain, _, _ = whole_turns("asyncio", turns)
+        plain, *_ = whole_turns("asyncio", turns)
         print(f"  {'whole turn on asyncio':<26} p50 {percentile(plain, .5) * 1e3:7.3f} ms   "
               f"p99 {percentile(plain, .99) * 1e3:7.3f} ms")
 

@@ -6,8 +6,9 @@ turns from 444 to 493 a second on the 2-core machine the figures come from; noth
 turn does changes.  A turn's trips to its threads and back wake the loop from another
 thread, which uvloop does sooner: bench_core's echo turn, 2.62 -> 2.34 ms (p50).  The
 terminal chat keeps asyncio's loop: prompt_toolkit read an arrow key's escape sequence
-as separate keys on uvloop (tests/test_terminal.py).  `event_loop = "asyncio"` in config.toml keeps asyncio's loop (for
-debugging with its debug mode, or a platform without uvloop); `"uvloop"` insists on it.
+as separate keys on uvloop (tests/test_terminal.py).  `event_loop = "asyncio"` in
+config.toml keeps asyncio's loop (for debugging with its debug mode, or a platform
+without uvloop); `"uvloop"` insists on it.
 """
 
 from __future__ import annotations

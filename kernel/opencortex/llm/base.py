@@ -56,6 +56,10 @@ class PromptRequest(BaseModel):
     # Filled by the kernel: {"archetype": ..., "skill": ..., "channel": ...}; picks the model.
     routing: dict[str, str] = Field(default_factory=dict)
 
+    def estimated_tokens(self) -> int:
+        """The prompt's tokens (system and messages), counted as `estimate_tokens` does."""
+        return tokens_in_chars(len(self.system) + sum(len(m.content) for m in self.messages))
+
     def with_retry_note(self, reply: str, reason: str) -> "PromptRequest":
         """This request plus the rejected reply and why it was rejected."""
         note = (f"Your reply was rejected: {reason}\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from opencortex.llm.base import PromptRequest, Usage, estimate_tokens, tokens_in_chars
+from opencortex.llm.base import PromptRequest, Usage, estimate_tokens
 from opencortex.llm.settings import Price
 
 CACHE_WRITE_FACTOR = 1.25
@@ -42,8 +42,8 @@ def cut_reply_usage(request: PromptRequest, streamed: str, model: str,
                     prices: Mapping[str, Price]) -> Usage:
     """What a reply cut off after STREAMED cost, as far as it can be told: the provider
     was paid for the prompt and what it sent, but its count never came (estimated)."""
-    prompt = len(request.system) + sum(len(message.content) for message in request.messages)
-    usage = Usage(input_tokens=tokens_in_chars(prompt), output_tokens=estimate_tokens(streamed),
-                  model=model, stop_reason="cut", estimated=True)
+    usage = Usage(input_tokens=request.estimated_tokens(),
+                  output_tokens=estimate_tokens(streamed), model=model, stop_reason="cut",
+                  estimated=True)
     usage.cost_usd = estimate_cost(usage, prices)
     return usage

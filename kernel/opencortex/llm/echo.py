@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import time
-from operator import attrgetter
 from typing import AsyncIterator
 
 from opencortex.actions import printed_reply
-from opencortex.llm.base import Backend, PromptRequest, Usage, estimate_tokens, tokens_in_chars
+from opencortex.llm.base import Backend, PromptRequest, Usage, estimate_tokens
 
 ECHO_WARNING = "LLM unavailable, running in echo mode: replies repeat your message."
 
 
 RECALLED_MARK = "[Recalled from earlier conversations"
-CONTENT = attrgetter("content")           # of a prompt message
 
 
 def echo_text(request: PromptRequest, notice: str | None = None) -> str:
@@ -55,8 +53,8 @@ class EchoBackend(Backend):
         """The chunks and the Usage of an echo reply (NOTICE: see `echo_text`)."""
         started = time.perf_counter()
         reply = echo_text(request, notice)
-        prompt = len(request.system) + sum(map(len, map(CONTENT, request.messages)))
-        usage = Usage(input_tokens=tokens_in_chars(prompt), output_tokens=estimate_tokens(reply),
+        usage = Usage(input_tokens=request.estimated_tokens(),
+                      output_tokens=estimate_tokens(reply),
                       model="echo", latency_s=time.perf_counter() - started, cost_usd=0.0,
                       estimated=True, fallback_reason=notice)
         return [*split_chunks(reply, self.chunk_size), usage]
