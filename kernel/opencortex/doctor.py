@@ -198,8 +198,10 @@ def _archive_writes(config: Config) -> Check:
 
 def _recall(config: Config) -> Check:
     """How recall ranks: lexical, or lexical + dense when a model is configured and loads."""
-    lexical = "per-owner FTS5 with " + ("porter stemming" if config.memory.stemmer == "porter"
-                                        else "no stemming ([memory] stemmer)") + " and dates"
+    stemmer = config.memory.stemmer
+    stemming = {"porter": "porter stemming", "none": "no stemming ([memory] stemmer)"}.get(
+        stemmer, f"Snowball stemming ({stemmer})")
+    lexical = f"per-owner FTS5 with {stemming} and dates"
     model = config.memory.embeddings.model
     if model is None:
         return Check("recall", True, f"lexical: {lexical} (no embedding model: dense recall "

@@ -76,8 +76,9 @@ class Archive(ArchiveQueries, IndexUpkeep):
 
         READ_ONLY (a home that cannot be written): nothing is created or repaired,
         the index is built in memory from the org files, and `append` refuses.
-        TOKENIZER: "porter" (English stemming, the default) or "unicode61"
-        (words as written); an index made with another one is rebuilt.
+        TOKENIZER: "porter" (English stemming, the default), "unicode61"
+        (words as written) or "snowball-LANGUAGE" (a Snowball stemmer's, see
+        `stems`); an index made with another one is rebuilt.
         BACKGROUND (a long-lived kernel): much to index (a lost index, a new
         layout) is indexed by a thread while the archive is used (see `upkeep`).
         """

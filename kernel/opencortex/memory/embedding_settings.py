@@ -3,7 +3,8 @@ model recall fuses with its lexical ranking.
 
     [memory]
     stemmer = "porter"    # English stemming ("donated" finds "donate"); "none": words
-                          # as written (an archive in another language)
+                          # as written; or a Snowball language ("german", "russian",
+                          # "english", ...: needs PyStemmer, see `stems`)
 
 Nothing here is required.  Without `[memory.embeddings] model`, recall is
 lexical only (per-owner FTS5) and no embedding package is imported::
@@ -23,9 +24,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from opencortex.memory.stems import PREFIX, snowball_languages
 
 PROVIDERS = ("sentence-transformers", "python")
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
@@ -80,9 +82,26 @@ class MemorySettings(BaseModel):
 
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     write_process: bool = True     # serve: files written by a child process (`write_process`)
-    stemmer: Literal["porter", "none"] = "porter"   # the index's; another one rebuilds it
+    stemmer: str = "porter"        # the index's; another one rebuilds it
+
+    @field_validator("stemmer")
+    @classmethod
+    def _known_stemmer(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value in ("porter", "none"):
+            return value
+        try:
+            languages = snowball_languages()
+        except ImportError as error:               # says how to install PyStemmer
+            raise ValueError(f"stemmer {value!r}: {error}") from None
+        if value not in languages:
+            raise ValueError(f"unknown stemmer {value!r}: use 'porter', 'none' or a Snowball "
+                             f"language: {', '.join(languages)}")
+        return value
 
     @property
     def tokenizer(self) -> str:
-        """The index's FTS5 tokenizer for `stemmer` (see `memory.partitions.TOKENIZERS`)."""
-        return "porter" if self.stemmer == "porter" else "unicode61"
+        """The index's tokenizer name for `stemmer` (see `memory.partitions`)."""
+        if self.stemmer in ("porter", "none"):
+            return "porter" if self.stemmer == "porter" else "unicode61"
+        return PREFIX + self.stemmer

@@ -9,12 +9,14 @@ dropped and rebuilt at any time.  Tables:
   `partitions`) over the message text, with the thread as a single opaque
   token in its own column so `thread:(A OR B) AND text:(...)` narrows fast,
   the sender in a third (a filter too: what a named person said), and the
-  Chinese and Japanese terms of the text in a fourth (see `cjk`).  Control records (a
+  terms kept beside the text in a fourth (its Chinese and Japanese terms, see
+  `cjk`, and with a Snowball stemmer its words' stems, see `stems`; the column
+  is named `cjk`, as it was made before stems).  Control records (a
   branch/head/pin note, marked by a CONTROL extra property) are kept in
   `messages` but never put in an FTS table: search cannot return them;
 - `files`: for each org file, how many of its bytes are known to be indexed;
 - `meta`: the tokenizer the FTS tables were made with ("porter" stems English
-  words, so "donated" finds "donate"), and how far each re-read of a changed
+  words, so "donated" finds "donate"; "snowball-LANGUAGE" another language's), and how far each re-read of a changed
   file is (see `reread`).
 
 Ranked search (`ranking.RankedSearch`), a changed file read again
@@ -37,7 +39,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from opencortex.events import Thread
-from opencortex.memory.cjk import cjk_terms
 from opencortex.memory.partitions import (DEFAULT_TOKENIZER, PARTS_INDEXES, PARTS_TABLE,
                                           Partition, Partitions, fts_tables, thread_token,
                                           upgrade_from_4)
@@ -78,7 +79,8 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
                  reader: bool = False):
         """The index at PATH, opened by its first use (see `_db`).
 
-        TOKENIZER: "porter" (English stemming) or "unicode61"; an index made
+        TOKENIZER: "porter" (English stemming), "unicode61" or "snowball-LANGUAGE"
+        (see `stems`); an index made
         with another one is emptied.  The archive then fills an empty index
         from the org files.  A READER connection only reads an index another
         connection made (it never creates, empties or deletes it).
@@ -276,7 +278,7 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
                         f"INSERT INTO {table} (rowid, text, thread, sender, cjk) "
                         "VALUES (?, ?, ?, ?, ?)", (cursor.lastrowid, rec.text,
                                                    thread_token(rec.thread), sender,
-                                                   cjk_terms(rec.text)))
+                                                   self._parts.terms(rec.text)))
                     if sender and self._parts.senders.note(table, sender):
                         self.generation += 1        # readers learn the new sender at once
                     self._moved = self._parts.grew(rec.thread) or self._moved

@@ -40,9 +40,10 @@ import time
 from collections.abc import Callable, Collection
 
 from opencortex.events import Thread
-from opencortex.memory.cjk import cjk_terms
 from opencortex.memory.rows import NOT_CONTROL, WHO
 from opencortex.memory.senders import TableSenders, table_number
+from opencortex.memory.stems import (PREFIX, language_of, query_stemmer, snowball_languages,
+                                     terms_function)
 
 LOCAL_PARTITION = "local"
 LOCAL_CHANNELS = frozenset({"emacs", "cli"})
@@ -51,10 +52,11 @@ TOKENIZERS = {
     "unicode61": "unicode61 remove_diacritics 2",          # words as written
 }
 DEFAULT_TOKENIZER = "porter"
+ENGLISH = frozenset({"porter", PREFIX + "english"})   # tokenizers that stem English
 SHARED_TTL = 1.0            # seconds a table's thread count is reused, at most
 BM25_WEIGHTS = "1.0, 0.0, 0.0, 1.0"   # bm25 weights of the columns: text; thread and
-                                      # sender are filters only; the text's Chinese and
-                                      # Japanese terms (see `cjk`)
+                                      # sender are filters only; the terms kept beside
+                                      # the text (see `stems.terms_function`)
 TEXT = "{text cjk}"         # the FTS5 columns a search of words looks in
 OWN_TABLES = 256            # owners given a table of their own as they come; later ones share
 SHARED_TABLES = 32          # the tables those share, each owner's chosen by a hash of its name
@@ -110,6 +112,13 @@ def upgrade_from_4(db: sqlite3.Connection) -> bool:
     return True
 
 
+def fts_tokenizer(tokenizer: str) -> str:
+    """The FTS5 `tokenize` option of TOKENIZER (the index's tokenizer name): a key of
+    TOKENIZERS, or "snowball-LANGUAGE", whose tables split words as written (the
+    stems are kept beside the text: see `stems`)."""
+    return TOKENIZERS["unicode61" if language_of(tokenizer) else tokenizer]
+
+
 class Partitions:
     """The FTS table of each thread, created on first use; threads moved when their
     partition changes, and an owner's when it outgrows a shared table.  Callers hold
@@ -118,11 +127,15 @@ class Partitions:
     def __init__(self, tokenizer: str = DEFAULT_TOKENIZER):
         """Partitions whose tables use TOKENIZER (a key of TOKENIZERS); `attach` a
         connection before use."""
-        if tokenizer not in TOKENIZERS:
+        language = language_of(tokenizer)
+        if tokenizer not in TOKENIZERS and (language is None or
+                                            language not in snowball_languages()):
             raise ValueError(f"unknown tokenizer {tokenizer!r}; choose one of: "
-                             f"{', '.join(sorted(TOKENIZERS))}")
+                             f"{', '.join(sorted(TOKENIZERS))}, or {PREFIX}LANGUAGE")
         self._db: sqlite3.Connection | None = None
         self.tokenizer = tokenizer
+        self.terms = terms_function(tokenizer)     # what the column beside the text holds
+        self.stem = query_stemmer(tokenizer)       # a question's words as searched, or None
         self.partition: Partition = default_partition
         self._placed: dict[Thread, tuple[str, str]] = {}  # thread -> (partition, table)
         self._named: dict[str, str] = {}                  # partition name -> its table
@@ -132,7 +145,7 @@ class Partitions:
 
     def attach(self, db: sqlite3.Connection) -> None:
         """Work on the index connection DB from now on."""
-        db.create_function("cjk_terms", 1, cjk_terms, deterministic=True)
+        db.create_function("index_terms", 1, self.terms, deterministic=True)
         self._db = db
         self.senders.attach(db)
         self.forget_cache()
@@ -263,7 +276,7 @@ class Partitions:
         """Make the FTS5 table fts_NUMBER, ranked with BM25_WEIGHTS."""
         self._db.execute(f"CREATE VIRTUAL TABLE fts_{number} USING fts5 "
                          f"(text, thread, sender, cjk, "
-                         f"tokenize = '{TOKENIZERS[self.tokenizer]}')")
+                         f"tokenize = '{fts_tokenizer(self.tokenizer)}')")
         self._db.execute(f"INSERT INTO fts_{number} (fts_{number}, rank) "
                          f"VALUES ('rank', 'bm25({BM25_WEIGHTS})')")
 
@@ -324,7 +337,7 @@ class Partitions:
                          "WHERE channel = ? AND chat_id = ?)", tuple(thread))
         self.senders.drop(old, senders)
         self._db.execute(f"INSERT INTO {new} (rowid, text, thread, sender, cjk) "
-                         f"SELECT seq, text, ?, {WHO}, cjk_terms(text) FROM messages "
+                         f"SELECT seq, text, ?, {WHO}, index_terms(text) FROM messages "
                          f"WHERE channel = ? AND chat_id = ? AND {NOT_CONTROL}",
                          (thread_token(thread), *thread))
         for sender in senders:

@@ -8,6 +8,7 @@ irregular verbs bring their other forms, see `verbforms`).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from opencortex.memory.cjk import cjk_words
 from opencortex.memory.verbforms import other_forms
@@ -54,10 +55,12 @@ def query_words(text: str) -> list[str]:
     return unique[:half] + unique[-half:]
 
 
-def query_phrases(text: str, *, verb_forms: bool = False) -> list[str]:
+def query_phrases(text: str, *, verb_forms: bool = False,
+                  stem: Callable[[list[str]], list[str]] | None = None) -> list[str]:
     """The words of user text as quoted FTS5 phrases (see `query_words`); with
     VERB_FORMS (a tokenizer that stems English), each irregular verb's other forms
-    too, after the words ("ran" -> "ran", ..., "run").
+    too, after the words ("ran" -> "ran", ..., "run"); with STEM, the terms STEM
+    makes of those words (a Snowball stemmer's: see `stems`).
 
     Quoting makes every FTS5 operator and special character plain text, so no
     syntax error can arise.
@@ -66,6 +69,8 @@ def query_phrases(text: str, *, verb_forms: bool = False) -> list[str]:
     if verb_forms:
         words = list(dict.fromkeys(words + [form for word in words
                                             for form in other_forms(word)]))
+    if stem is not None:
+        words = stem(words)
     return [fts_phrase(word) for word in words]
 
 

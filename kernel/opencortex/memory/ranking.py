@@ -17,7 +17,8 @@ from collections.abc import Set as AbstractSet
 from contextlib import closing
 
 from opencortex.events import Thread
-from opencortex.memory.partitions import BM25_WEIGHTS, TEXT, Partitions, thread_token
+from opencortex.memory.partitions import (BM25_WEIGHTS, ENGLISH, TEXT, Partitions,
+                                          thread_token)
 from opencortex.memory.query import fts_phrase, query_phrases, query_words
 from opencortex.memory.records import SearchHit
 from opencortex.memory.rows import (COLUMNS, NOT_CONTROL, columns_of, is_control,
@@ -79,7 +80,8 @@ class RankedSearch:
         returned instead (no full ranking); with INFORMATIVE_ONLY, when every word
         is very common, nothing (what those words match says nothing of the query).
         """
-        phrases = query_phrases(query, verb_forms=self._parts.tokenizer == "porter")
+        phrases = query_phrases(query, verb_forms=self._parts.tokenizer in ENGLISH,
+                                stem=self._parts.stem)
         if not phrases or limit <= 0 or (threads is not None and not threads):
             return []
         if threads is not None and owners is not None:
