@@ -102,6 +102,5 @@ class MemorySettings(BaseModel):
     @property
     def tokenizer(self) -> str:
         """The index's tokenizer name for `stemmer` (see `memory.partitions`)."""
-        if self.stemmer in ("porter", "none"):
-            return "porter" if self.stemmer == "porter" else "unicode61"
-        return PREFIX + self.stemmer
+        return {"porter": "porter", "none": "unicode61"}.get(self.stemmer,
+                                                             PREFIX + self.stemmer)

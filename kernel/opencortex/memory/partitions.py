@@ -125,8 +125,8 @@ class Partitions:
     a transaction where they write."""
 
     def __init__(self, tokenizer: str = DEFAULT_TOKENIZER):
-        """Partitions whose tables use TOKENIZER (a key of TOKENIZERS); `attach` a
-        connection before use."""
+        """Partitions whose tables use TOKENIZER (a key of TOKENIZERS, or
+        "snowball-LANGUAGE": see `fts_tokenizer`); `attach` a connection before use."""
         language = language_of(tokenizer)
         if tokenizer not in TOKENIZERS and (language is None or
                                             language not in snowball_languages()):
