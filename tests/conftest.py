@@ -45,7 +45,7 @@ class RecordingActuator(MessageActuator):
         self.targets = targets
         self.delivered: list[tuple[str, str]] = []
 
-    async def deliver(self, address: str, text: str) -> None:
+    async def deliver(self, address: str, text: str, key: str | None = None) -> None:
         self.delivered.append((address, text))
 
 

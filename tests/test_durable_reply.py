@@ -28,7 +28,7 @@ class ArchiveWitness(MessageActuator):
         self.fail = fail
         self.seen: list[tuple[str, list[str]]] = []
 
-    async def deliver(self, address: str, text: str) -> None:
+    async def deliver(self, address: str, text: str, key: str | None = None) -> None:
         thread = Thread(self.targets[0], self.chat_id)
         self.seen.append((text, [r.text for r in self.kernel.archive.read_thread(thread)]))
         if self.fail:

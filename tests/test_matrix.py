@@ -379,3 +379,43 @@ def test_logins_by_token_and_by_password_and_the_doctor_check(homeserver, home, 
     monkeypatch.setenv(settings.token_env, "not-a-token")
     works, found, _ = check()
     assert not works and "no longer accepts the access token" in found
+
+
+def test_a_reply_said_again_after_a_crash_is_one_message_in_the_room(homeserver, tmp_path):
+    """A reply sent, then a crash before its message was marked done: the bridge says the
+    archived reply again under the same key, and the homeserver keeps one event (the
+    key is the transaction id, and the kept login makes it the same client's)."""
+    bot, owner = accounts(homeserver, "bot", "owner")
+    settings = MatrixSettings(enabled=True, homeserver=homeserver.url, user_id=bot.user_id,
+                              allow=[owner.user_id], poll_timeout=1)
+    state = tmp_path / "state"
+
+    async def in_room(platform, room):
+        for _ in range(30):
+            await platform.fetch()
+            if room in platform.client.rooms:
+                return
+        raise AssertionError("the bot never joined")
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner) as (person,):
+            room = await person.create_room([bot.user_id], encrypted=True)
+            first = MatrixPlatform(settings, bot.password, state, password=True)
+            await first.start()
+            await in_room(first, room)
+            await joined(person, room, bot.user_id)
+            await first.send(room, "", "the reply", key="reply-1/0")
+            await first.stop()                      # the crash
+            again = MatrixPlatform(settings, bot.password, state, password=True)
+            await again.start()
+            await in_room(again, room)
+            await again.send(room, "", "the reply", key="reply-1/0")    # said again
+            await again.send(room, "", "the next reply", key="reply-2/0")
+            await again.send(room, "", "a notice", key=None)           # no key: always sent
+            await again.send(room, "", "a notice", key=None)
+            await person.until(lambda: len(person.bodies(room, bot.user_id)) >= 4)
+            await asyncio.sleep(0.5)
+            await again.stop()
+            return person.bodies(room, bot.user_id)
+    bodies = asyncio.run(asyncio.wait_for(scenario(), MODULE_DEADLINE))
+    assert bodies == ["the reply", "the next reply", "a notice", "a notice"]

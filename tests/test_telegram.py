@@ -345,17 +345,26 @@ def test_an_approval_answered_by_a_text_reply(home, tmp_path):
 
 
 def test_after_a_crash_a_pending_message_already_archived_gets_its_reply_not_a_new_turn(
-        home):
+        home, monkeypatch):
     """A reply is said only once its turn is durable: a crash between the write and the
-    saying left it archived and unsaid, and the redelivered message was skipped."""
+    saying left it archived and unsaid, and the redelivered message was skipped.  Each
+    reply is sent under its archived id (a platform with idempotent sends, Matrix, then
+    sends a reply said again only once; the Bot API cannot)."""
     from opencortex.bridges.inbound import Inbound
     from opencortex.bridges.inbox import Inbox
     from opencortex.memory import Archive, NewMessage
     thread = Thread("telegram", str(OWNER))
+    keys = []
+    send = TelegramPlatform.send
+
+    async def keyed_send(self, chat_id, html, plain, key=None):
+        keys.append(key)
+        await send(self, chat_id, html, plain, key)
+    monkeypatch.setattr(TelegramPlatform, "send", keyed_send)
     with Archive(home / "memory") as archive:       # the turn ended, then the kernel died
-        archive.append([NewMessage(role="user", text="answered", thread=thread,
-                                   extra={"PLATFORM_ID": "55"}),
-                        NewMessage(role="assistant", text="[Echo] answered", thread=thread)])
+        said = archive.append([NewMessage(role="user", text="answered", thread=thread,
+                                          extra={"PLATFORM_ID": "55"}),
+                               NewMessage(role="assistant", text="[Echo] answered", thread=thread)])
     inbox = Inbox(home / "bridges" / "telegram.inbox.jsonl")
     inbox.add([Inbound(position=9, chat_id=str(OWNER), sender_id=str(OWNER), message_id="55",
                        text="answered"),
@@ -364,11 +373,13 @@ def test_after_a_crash_a_pending_message_already_archived_gets_its_reply_not_a_n
     inbox.close()
 
     async def scenario():
-        async with bridge(home) as (fake, running, _):
+        async with bridge(home) as (fake, running, kernel):
             await until(lambda: len(texts(fake, OWNER)) == 2)
             await until(lambda: not running.inbox.pending())
             await asyncio.sleep(0.3)
             assert texts(fake, OWNER) == ["[Echo] answered", "[Echo] not yet"]
+            replies = [r for r in kernel.archive.read_thread(thread) if r.role == "assistant"]
+            assert keys == [f"{said[1].id}/0", f"{replies[-1].id}/0"]
     run(scenario())
     assert archived(home).count("answered") == 2        # no second turn was archived
 

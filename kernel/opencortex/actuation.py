@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
 
 from opencortex.actions import Action, Log, Response, ShellCommand, ToolCall, reply_action
 from opencortex.actuators import ActuatorError, ActuatorRegistry, MessageActuator
@@ -23,10 +22,10 @@ from opencortex.actuators.shell import ShellActuator, argv_of, scrubbed_environm
 from opencortex.approvals import (SHELL, ApprovalDecision, ApprovalRequest, Approver,
                                   action_digest)
 from opencortex.config import Config
-from opencortex.conversation.conversations import Conversations
+from opencortex.conversation.conversations import Conversations, WhenDurable
 from opencortex.events import Event
 from opencortex.llm.routing import archetype_for
-from opencortex.memory import NewMessage
+from opencortex.memory import MessageRecord, NewMessage
 from opencortex.memory.rows import PLATFORM_ID, SENDER_NAME  # noqa: F401 (PLATFORM_ID: bridges)
 from opencortex.pinning import CROSS_POST, destination, is_own
 from opencortex.printer import print_plist
@@ -107,9 +106,11 @@ class Actuation:
             return
         actuator.saying(event)
 
-        async def say() -> None:
-            try:
-                outcome = await actuator.carry_out(action, event)
+        async def say(records: list[MessageRecord]) -> None:
+            said = [record.id for record in records if record.role == "assistant"]
+            try:                        # the reply's id names it (said again after a crash)
+                outcome = await actuator.carry_out(action, event,
+                                                   key=said[-1] if said else None)
             except ActuatorError as error:
                 result.errors.append(str(error))
                 result.status = "failed"
@@ -271,7 +272,7 @@ class Actuation:
     async def archive(self, event: Event, result: TurnResult, reply: str, *,
                       role: str = "assistant", turn_type: str = "speech",
                       extra: dict[str, str] | None = None,
-                      durable: Callable[[], Awaitable[None]] | None = None) -> list[str]:
+                      durable: WhenDurable | None = None) -> list[str]:
         """Write the turn: the person's message and the answer, in one append."""
         return await self.archive_many(event, result, [(role, reply, turn_type)], extra,
                                        durable=durable)
@@ -279,7 +280,7 @@ class Actuation:
     async def archive_many(self, event: Event, result: TurnResult,
                            replies: list[tuple[str, str, str]],
                            extra: dict[str, str] | None = None, *,
-                           durable: Callable[[], Awaitable[None]] | None = None
+                           durable: WhenDurable | None = None
                            ) -> list[str]:
         """Archive the turn on the thread's current branch (DURABLE awaited once the write
         is durable); tell the person when the working context was compressed to make

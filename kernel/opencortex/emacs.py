@@ -105,19 +105,20 @@ class EmacsActuator(MessageActuator):
         # An escaped string can take twice its bytes; keep room for the frame around it.
         self.piece_bytes = max(1, max_payload_bytes // 2 - 4096)
 
-    async def deliver(self, address: str, text: str) -> None:
+    async def deliver(self, address: str, text: str, key: str | None = None) -> None:
         for piece in split_utf8(as_lines(text), self.piece_bytes):
             await self.link.call("opencortex-insert", address, piece)
 
     def saying(self, event: Event) -> None:
         self.link.saying.add(event.thread)
 
-    async def carry_out(self, action: Action, event: Event) -> Outcome:
+    async def carry_out(self, action: Action, event: Event, *,
+                        key: str | None = None) -> Outcome:
         """A reply into the chat buffer takes the place of its streamed preview."""
         relay = self.link.relays.get(event.thread)
         if (relay is None or not relay.streamed or relay.ended
                 or not isinstance(action, EmacsInsert) or event.channel != "emacs"):
-            return await super().carry_out(action, event)
+            return await super().carry_out(action, event, key=key)
         first, *rest = split_utf8(as_lines(action.text), self.piece_bytes)
         await self.link.call("opencortex-stream", relay.turn_id, "end", first)
         relay.ended = True

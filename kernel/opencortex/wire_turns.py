@@ -166,14 +166,15 @@ class WireActuator(MessageActuator):
         if turn is not None:
             turn.acting = True
 
-    async def carry_out(self, action: Action, event: Event) -> Outcome:
+    async def carry_out(self, action: Action, event: Event, *,
+                        key: str | None = None) -> Outcome:
         turn = current_turn.get()
         if turn is None:
-            return await self._fallback().carry_out(action, event)
+            return await self._fallback().carry_out(action, event, key=key)
         turn.acting = True
-        return await super().carry_out(action, event)
+        return await super().carry_out(action, event, key=key)
 
-    async def deliver(self, address: str, text: str) -> None:
+    async def deliver(self, address: str, text: str, key: str | None = None) -> None:
         turn = current_turn.get()
         if turn is not None:
             turn.say("message", text)
@@ -181,7 +182,7 @@ class WireActuator(MessageActuator):
         fallback = self._fallback()
         if not isinstance(fallback, MessageActuator):
             raise ActuatorError("the terminal printer cannot show text")
-        await fallback.deliver(address, text)
+        await fallback.deliver(address, text, key)
 
     async def show_error(self, address: str, text: str) -> None:
         turn = current_turn.get()

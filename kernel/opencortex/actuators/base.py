@@ -36,8 +36,11 @@ class Actuator(abc.ABC):
     targets: tuple[str, ...] = ()
 
     @abc.abstractmethod
-    async def carry_out(self, action: Action, event: Event) -> Outcome:
-        """Do ACTION (already verified) for EVENT; raise ActuatorError on failure."""
+    async def carry_out(self, action: Action, event: Event, *,
+                        key: str | None = None) -> Outcome:
+        """Do ACTION (already verified) for EVENT; raise ActuatorError on failure.  KEY
+        names what is said (the archived reply's id), the same when it is said again
+        after a crash, so a platform that can (Matrix) says it only once."""
 
     def saying(self, event: Event) -> None:
         """EVENT's reply, for this actuator, is decided and its turn is being written: from
@@ -63,17 +66,18 @@ class MessageActuator(Actuator):
     """Base for targets that show text to a person."""
 
     @abc.abstractmethod
-    async def deliver(self, address: str, text: str) -> None:
-        """Show TEXT at ADDRESS (a buffer, chat id or room id)."""
+    async def deliver(self, address: str, text: str, key: str | None = None) -> None:
+        """Show TEXT at ADDRESS (a buffer, chat id or room id); KEY: see `carry_out`."""
 
     async def show_error(self, address: str, text: str) -> None:
         """Show an error; frontends that can set errors apart (a face, a prefix) override this."""
         await self.deliver(address, text)
 
-    async def carry_out(self, action: Action, event: Event) -> Outcome:
+    async def carry_out(self, action: Action, event: Event, *,
+                        key: str | None = None) -> Outcome:
         if not isinstance(action, (EmacsInsert, ChatIdMessage, MatrixMessage, CliPrint)):
             raise ActuatorError(f"{type(self).__name__} cannot carry out {type(action).__name__}")
-        await self.deliver(address_of(action), action.text)
+        await self.deliver(address_of(action), action.text, key)
         return Outcome(shown=action.text)
 
 

@@ -23,7 +23,7 @@ class CliActuator(MessageActuator):
         self.writer = writer
         self.printed: list[str] = []
 
-    async def deliver(self, address: str, text: str) -> None:
+    async def deliver(self, address: str, text: str, key: str | None = None) -> None:
         text = visible(text)
         self.printed.append(text)
         if self.writer is not None:

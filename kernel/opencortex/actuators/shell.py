@@ -88,7 +88,8 @@ class ShellActuator(Actuator):
             return "ended without a status"
         return f"exit {finished.returncode}"
 
-    async def carry_out(self, action: Action, event: Event) -> Outcome:
+    async def carry_out(self, action: Action, event: Event, *,
+                        key: str | None = None) -> Outcome:
         raise ActuatorError("shell commands run only after a person approves them")
 
     async def run_approved(self, action: ShellCommand, decision: ApprovalDecision) -> Outcome:

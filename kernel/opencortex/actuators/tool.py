@@ -59,7 +59,8 @@ class ToolActuator(Actuator):
                 {k.replace("-", "_"): v for k, v in action.args.items()})
         return BoundCall(tool, args, self.context_for(event), self.settings.timeout)
 
-    async def carry_out(self, action: Action, event: Event) -> Outcome:
+    async def carry_out(self, action: Action, event: Event, *,
+                        key: str | None = None) -> Outcome:
         return Outcome(result=await self.bind(action, event).run())
 
 

@@ -70,8 +70,11 @@ class Platform(abc.ABC):
         """Offer the kernel's slash commands in the platform's menu (default: nothing)."""
 
     @abc.abstractmethod
-    async def send(self, chat_id: str, html: str, plain: str) -> None:
-        """Send one message (HTML, or PLAIN if the platform has no formatting).
+    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None) -> None:
+        """Send one message (HTML, or PLAIN if the platform has no formatting).  KEY, when
+        given, names this message: a platform with idempotent sends (Matrix's
+        transaction ids) sends a message of a KEY it sent before only once (a reply
+        said again after a crash); the others send it again.
         Raises FormattingRejected, `outbound.RetryAfter` or BridgeError."""
 
     @abc.abstractmethod

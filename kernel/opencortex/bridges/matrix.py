@@ -236,21 +236,22 @@ class MatrixPlatform(Platform):
 
     # -- sending --------------------------------------------------------------------
 
-    async def send(self, chat_id: str, html: str, plain: str) -> None:
+    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None) -> None:
         content: dict[str, Any] = {"msgtype": "m.text", "body": plain}
         if html:
             content.update(format=HTML, formatted_body=matrix_html(html))
-        await self._post(chat_id, content)
+        await self._post(chat_id, content, key)
 
-    async def _post(self, room_id: str, content: dict[str, Any]) -> str:
-        """Send a message to ROOM_ID, in the thread its person last wrote in; its event id."""
+    async def _post(self, room_id: str, content: dict[str, Any], key: str | None = None) -> str:
+        """Send a message to ROOM_ID, in the thread its person last wrote in; its event id.
+        KEY: see `Platform.send` (the homeserver keeps a transaction id's event)."""
         await self.session.ready(self._token)
         root, last = self._threads.get(room_id, ("", ""))
         if root:
             content["m.relates_to"] = {"rel_type": "m.thread", "event_id": root,
                                        "is_falling_back": True,
                                        "m.in_reply_to": {"event_id": last}}
-        event_id = await self._send_event(room_id, "m.room.message", content)
+        event_id = await self._send_event(room_id, "m.room.message", content, key)
         if root:
             self._threads[room_id] = (root, event_id)
         if room_id in self._typing:
@@ -261,9 +262,10 @@ class MatrixPlatform(Platform):
                 pass
         return event_id
 
-    async def _send_event(self, room_id: str, kind: str, content: dict[str, Any]) -> str:
+    async def _send_event(self, room_id: str, kind: str, content: dict[str, Any],
+                          key: str | None = None) -> str:
         """Send one event and remember it as the bot's (for replies to the bot)."""
-        event_id = await self.session.send(room_id, kind, content)
+        event_id = await self.session.send(room_id, kind, content, key)
         self._mine[event_id] = None
         while len(self._mine) > 1000:
             del self._mine[next(iter(self._mine))]

@@ -21,6 +21,7 @@ whose wait matrix-nio is told not to do itself).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Awaitable
 from pathlib import Path
@@ -46,6 +47,13 @@ SYNC_FILTER = {"room": {"timeline": {"limit": TIMELINE_LIMIT},
                         "ephemeral": {"not_types": ["*"]},
                         "account_data": {"not_types": ["*"]}},
                "presence": {"not_types": ["*"]}, "account_data": {"not_types": ["*"]}}
+
+
+def transaction_id(key: str | None) -> str | None:
+    """The Matrix transaction id of a message named KEY (None: a new one each send)."""
+    if key is None:
+        return None
+    return "oc-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
 
 
 class MatrixSession:
@@ -219,8 +227,12 @@ class MatrixSession:
 
     # -- sending --------------------------------------------------------------------
 
-    async def send(self, room_id: str, kind: str, content: dict[str, Any]) -> str:
-        """One event to ROOM_ID (encrypted for trusted devices in an encrypted room); its id."""
+    async def send(self, room_id: str, kind: str, content: dict[str, Any],
+                   key: str | None = None) -> str:
+        """One event to ROOM_ID (encrypted for trusted devices in an encrypted room); its id.
+        With KEY, its transaction id is made of KEY, so sending it again (a retry, or a
+        reply said again after a crash) gives the event the homeserver kept, not a
+        second one (the spec's idempotent sends, per access token: the login is kept)."""
         from nio import OlmUnverifiedDeviceError
         room = self.client.rooms.get(room_id)
         if room is None:
@@ -229,7 +241,8 @@ class MatrixSession:
             await self.housekeeping()
         for attempt in (1, 2):
             try:
-                answer = await self.call("send", self.client.room_send(room_id, kind, content))
+                answer = await self.call("send", self.client.room_send(
+                    room_id, kind, content, tx_id=transaction_id(key)))
                 return answer.event_id
             except OlmUnverifiedDeviceError:   # a device appeared since: settle it, once
                 if attempt == 2:

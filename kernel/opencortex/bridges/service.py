@@ -75,21 +75,24 @@ class BridgeActuator(MessageActuator):
         self.targets = (platform.channel,)
         self.pacer = Pacer(platform.per_chat, platform.per_second)
 
-    async def deliver(self, address: str, text: str) -> None:
-        for piece in split_text(text, self.platform.text_limit):
+    async def deliver(self, address: str, text: str, key: str | None = None) -> None:
+        for number, piece in enumerate(split_text(text, self.platform.text_limit)):
             await self.pacer.wait(address)
             try:
-                await self._send(address, piece)
+                await self._send(address, piece, None if key is None else f"{key}/{number}")
             except (BridgeError, RetryAfter) as error:
                 raise ActuatorError(f"{self.platform.channel} did not take the message: "
                                     f"{error}") from None
 
-    async def _send(self, chat_id: str, piece: str) -> None:
+    async def _send(self, chat_id: str, piece: str, key: str | None) -> None:
+        """PIECE of a message (KEY: it, see `Platform.send`), as plain text if the
+        platform refuses its formatting (a message of a key of its own)."""
         async def formatted() -> None:
-            await self.platform.send(chat_id, to_html(piece), plain(piece))
+            await self.platform.send(chat_id, to_html(piece), plain(piece), key)
 
         async def unformatted() -> None:
-            await self.platform.send(chat_id, "", plain(piece))
+            await self.platform.send(chat_id, "", plain(piece),
+                                     None if key is None else f"{key}/plain")
         try:
             await with_retry_after(formatted)
         except FormattingRejected:
@@ -313,8 +316,9 @@ class Bridge:
             if answer is not None:
                 log.info("%s bridge: a redelivered message's turn was archived; its reply "
                          "is said again", self.channel)
-                if answer:
-                    await self._say(message.chat_id, answer)
+                reply_id, reply = answer        # its id: said once where the platform can
+                if reply:
+                    await self._say(message.chat_id, reply, key=reply_id)
                 return
         typing = asyncio.create_task(self._keep_typing(message.chat_id))
         try:
@@ -335,9 +339,11 @@ class Bridge:
         command = "/help" if command.lower() == "/start" else command
         return " ".join([command, *words[1:]])
 
-    async def _archived_answer(self, thread: Thread, message_id: str) -> str | None:
+    async def _archived_answer(self, thread: Thread, message_id: str
+                               ) -> tuple[str, str] | None:
         """For a redelivery after a crash: None when THREAD's archive lacks the message
-        MESSAGE_ID, else the reply archived after it in its turn ("" when none)."""
+        MESSAGE_ID, else the id and text of the reply archived after it in its turn
+        (both "" when none)."""
         store = self.kernel.conversations.store_for(thread)
         records = await asyncio.to_thread(store.history, thread, 50)
         asked = next((n for n, r in enumerate(records) if r.role == "user"
@@ -349,8 +355,8 @@ class Bridge:
             if record.role == "user":
                 break
             turn.append(record)
-        return next((r.text for r in reversed(turn) if r.role == "assistant" and
-                     r.turn_type == "speech"), "")
+        return next(((r.id, r.text) for r in reversed(turn) if r.role == "assistant" and
+                     r.turn_type == "speech"), ("", ""))
 
     async def _keep_typing(self, chat_id: str) -> None:
         """Show "typing…" while the turn runs: from TYPING_AFTER seconds on (a quick
@@ -371,9 +377,10 @@ class Bridge:
         except (BridgeError, RetryAfter) as error:
             log.info("%s bridge: a decision was not acknowledged: %s", self.channel, error)
 
-    async def _say(self, chat_id: str, text: str) -> None:
-        """A short notice from the bridge itself (never raises)."""
+    async def _say(self, chat_id: str, text: str, key: str | None = None) -> None:
+        """A short notice from the bridge itself, or a reply said again (KEY: its id, see
+        `Platform.send`); never raises."""
         try:
-            await self.actuator.deliver(chat_id, text)
+            await self.actuator.deliver(chat_id, text, key)
         except ActuatorError as error:
             log.info("%s bridge: a notice was not sent: %s", self.channel, error)

@@ -186,7 +186,8 @@ class SignalPlatform(Platform):
     async def acknowledge(self) -> None:
         """Nothing to do: signal-cli acknowledged the messages to Signal when it stored them."""
 
-    async def send(self, chat_id: str, html: str, plain: str) -> None:
+    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None) -> None:
+        # signal-cli's send has no idempotency key: KEY cannot be used
         text, styles = styled(html) if html else (plain, [])
         if not text.strip():
             log.info("signal: an empty message was not sent")

@@ -191,7 +191,8 @@ class TelegramPlatform(Platform):
         elif self._fetched is not None:
             self._offset = self._fetched + 1
 
-    async def send(self, chat_id: str, html: str, plain: str) -> None:
+    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None) -> None:
+        # the Bot API's sendMessage has no idempotency key: KEY cannot be used
         from telegram import LinkPreviewOptions
         options = {"link_preview_options": LinkPreviewOptions(is_disabled=True)}
         if html:

@@ -54,6 +54,8 @@ from opencortex.workers import Workers
 
 log = logging.getLogger(__name__)
 
+WhenDurable = Callable[[list[MessageRecord]], Awaitable[None]]   # given a turn's records
+
 WINDOW_MESSAGES = 400  # newest messages of a branch read into a fresh context, at most
 OPEN_CONVERSATIONS = 256  # kept in memory; the least recently used idle one is let go
 READERS = 2   # threads that read the archive for recall and opening (SQLite runs without
@@ -300,13 +302,13 @@ class Conversations:
 
     async def record_turn(self, thread: Thread, messages: Sequence[NewMessage],
                           metrics: dict[str, str], *, pin: bool = False,
-                          durable: Callable[[], Awaitable[None]] | None = None
+                          durable: WhenDurable | None = None
                           ) -> tuple[list[MessageRecord], CompressionReport | None]:
         """Archive one turn on the current branch and add it to the working context;
         with PIN the turn is pinned (PRESERVED), as `/pin` would pin it.  DURABLE is
-        awaited as soon as the turn's write is durable, before pinning and any
-        compression (the reply is said there: never before its fsync, never after a
-        summarizer's call)."""
+        awaited (with the turn's records) as soon as the turn's write is durable,
+        before pinning and any compression (the reply is said there: never before
+        its fsync, never after a summarizer's call)."""
         conversation = await self.open(thread)
         before = conversation.context.used
         added = sum(count_tokens(m.text) for m in messages
@@ -318,7 +320,7 @@ class Conversations:
         records = await conversation.log.append_turn_async(
             batch, checkpoint=True, context=self._mark(conversation))
         if durable is not None:
-            await durable()
+            await durable(records)
         turn = conversation.log.turn_count()
         if pin:                         # control records: written off the loop too
             await self.read(lambda: [conversation.log.pin(record.id) for record in records])
