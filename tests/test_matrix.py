@@ -312,32 +312,46 @@ def test_verified_trust_answers_only_listed_devices(homeserver, home, tmp_path):
 
 # -- durability, login, doctor -----------------------------------------------------------
 
-def test_a_message_fetched_but_not_acknowledged_comes_back_with_its_position(
-        homeserver, tmp_path):
+async def fetch_until(platform: MatrixPlatform, predicate):
+    """PLATFORM's next fetched items for which PREDICATE holds (30 fetches at most)."""
+    for _ in range(30):
+        items = await platform.fetch()
+        if predicate(items):
+            return items
+    raise AssertionError("nothing came")
+
+
+def bot_platforms(homeserver: Homeserver, tmp_path: Path):
+    """Fresh bot and owner accounts, and a maker of the bot's platform (a password login;
+    each one made keeps its state where the one before did: a restart)."""
     bot, owner = accounts(homeserver, "bot", "owner")
     settings = MatrixSettings(enabled=True, homeserver=homeserver.url, user_id=bot.user_id,
                               allow=[owner.user_id], poll_timeout=1)
-    state = tmp_path / "state"
+    return bot, owner, lambda: MatrixPlatform(settings, bot.password, tmp_path / "state",
+                                              password=True)
 
-    async def fetch_until(platform, predicate):
-        for _ in range(30):
-            items = await platform.fetch()
-            if predicate(items):
-                return items
-        raise AssertionError("nothing came")
+
+async def started_in(platform: MatrixPlatform, room: str) -> MatrixPlatform:
+    """PLATFORM started, once it has synced ROOM (it joined it)."""
+    await platform.start()
+    await fetch_until(platform, lambda _: room in platform.client.rooms)
+    return platform
+
+
+def test_a_message_fetched_but_not_acknowledged_comes_back_with_its_position(
+        homeserver, tmp_path):
+    bot, owner, platform = bot_platforms(homeserver, tmp_path)
 
     async def scenario():
         async with people(homeserver, tmp_path, owner) as (person,):
             room = await person.create_room([bot.user_id], encrypted=True)
-            first = MatrixPlatform(settings, bot.password, state, password=True)
-            await first.start()
-            await fetch_until(first, lambda _: room in first.client.rooms)
+            first = await started_in(platform(), room)
             await first.acknowledge()
             await joined(person, room, bot.user_id)
             await person.say(room, "keep me")
             got = await fetch_until(first, lambda items: items)
             await first.stop()                      # a crash: fetched, never acknowledged
-            again = MatrixPlatform(settings, bot.password, state, password=True)
+            again = platform()
             await again.start()
             redelivered = await fetch_until(again, lambda items: items)
             await again.acknowledge()
@@ -348,6 +362,32 @@ def test_a_message_fetched_but_not_acknowledged_comes_back_with_its_position(
     got, redelivered, later = asyncio.run(asyncio.wait_for(scenario(), MODULE_DEADLINE))
     assert [m.text for m in got] == ["keep me"] and redelivered == got
     assert [m.text for m in later] == ["and then me"] and later[0].position > got[0].position
+
+
+def test_a_reply_said_again_after_a_crash_is_one_message_in_the_room(homeserver, tmp_path):
+    """A reply sent, then a crash before its message was marked done: the bridge says the
+    archived reply again under the same key, and the homeserver keeps one event (the
+    key is the transaction id, and the kept login makes it the same client's)."""
+    bot, owner, platform = bot_platforms(homeserver, tmp_path)
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner) as (person,):
+            room = await person.create_room([bot.user_id], encrypted=True)
+            first = await started_in(platform(), room)
+            await joined(person, room, bot.user_id)
+            await first.send(room, "", "the reply", key="reply-1/0")
+            await first.stop()                      # the crash
+            again = await started_in(platform(), room)
+            await again.send(room, "", "the reply", key="reply-1/0")    # said again
+            await again.send(room, "", "the next reply", key="reply-2/0")
+            await again.send(room, "", "a notice", key=None)           # no key: always sent
+            await again.send(room, "", "a notice", key=None)
+            await person.until(lambda: len(person.bodies(room, bot.user_id)) >= 4)
+            await asyncio.sleep(0.5)
+            await again.stop()
+            return person.bodies(room, bot.user_id)
+    bodies = asyncio.run(asyncio.wait_for(scenario(), MODULE_DEADLINE))
+    assert bodies == ["the reply", "the next reply", "a notice", "a notice"]
 
 
 def test_logins_by_token_and_by_password_and_the_doctor_check(homeserver, home, monkeypatch):
@@ -380,42 +420,3 @@ def test_logins_by_token_and_by_password_and_the_doctor_check(homeserver, home, 
     works, found, _ = check()
     assert not works and "no longer accepts the access token" in found
 
-
-def test_a_reply_said_again_after_a_crash_is_one_message_in_the_room(homeserver, tmp_path):
-    """A reply sent, then a crash before its message was marked done: the bridge says the
-    archived reply again under the same key, and the homeserver keeps one event (the
-    key is the transaction id, and the kept login makes it the same client's)."""
-    bot, owner = accounts(homeserver, "bot", "owner")
-    settings = MatrixSettings(enabled=True, homeserver=homeserver.url, user_id=bot.user_id,
-                              allow=[owner.user_id], poll_timeout=1)
-    state = tmp_path / "state"
-
-    async def in_room(platform, room):
-        for _ in range(30):
-            await platform.fetch()
-            if room in platform.client.rooms:
-                return
-        raise AssertionError("the bot never joined")
-
-    async def scenario():
-        async with people(homeserver, tmp_path, owner) as (person,):
-            room = await person.create_room([bot.user_id], encrypted=True)
-            first = MatrixPlatform(settings, bot.password, state, password=True)
-            await first.start()
-            await in_room(first, room)
-            await joined(person, room, bot.user_id)
-            await first.send(room, "", "the reply", key="reply-1/0")
-            await first.stop()                      # the crash
-            again = MatrixPlatform(settings, bot.password, state, password=True)
-            await again.start()
-            await in_room(again, room)
-            await again.send(room, "", "the reply", key="reply-1/0")    # said again
-            await again.send(room, "", "the next reply", key="reply-2/0")
-            await again.send(room, "", "a notice", key=None)           # no key: always sent
-            await again.send(room, "", "a notice", key=None)
-            await person.until(lambda: len(person.bodies(room, bot.user_id)) >= 4)
-            await asyncio.sleep(0.5)
-            await again.stop()
-            return person.bodies(room, bot.user_id)
-    bodies = asyncio.run(asyncio.wait_for(scenario(), MODULE_DEADLINE))
-    assert bodies == ["the reply", "the next reply", "a notice", "a notice"]
