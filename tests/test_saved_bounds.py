@@ -7,6 +7,7 @@ import os
 import orgparse
 import pytest
 
+from opencortex import files
 from opencortex.conversation import savedfile
 from opencortex.conversation.saved import SavedSessions, parse_saves
 from opencortex.events import Thread
@@ -114,10 +115,9 @@ def test_a_failure_at_any_step_of_compaction_loses_nothing(root, monkeypatch, st
             raise OSError("simulated crash")
         real_fsync(fd)
     if step == "write":
-        from opencortex.memory import threadfile
-        monkeypatch.setattr(threadfile, "write_all", crash)
+        monkeypatch.setattr(files, "write_all", crash)
     elif step == "sync_directory":
-        monkeypatch.setattr(savedfile, "sync_directory", crash)
+        monkeypatch.setattr(files, "sync_directory", crash)
     elif step == "fsync":
         monkeypatch.setattr(savedfile.os, "fsync", fsync_crashing_on_the_new_file)
     else:

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from opencortex.config import Config
 from opencortex.environ_scrub import scrub_process_environment
 from opencortex.eventloop import loop_name
+from opencortex.files import replace_file
 from opencortex.homelock import HomeLock
 
 if TYPE_CHECKING:     # the kernel's modules load after the port line (see `_serve_locked`)
@@ -102,11 +103,8 @@ def private_directory(path: Path) -> Path:
 def write_connection_file(path: Path, port: int, secret: str, **more: Any) -> None:
     """Write the connection file with mode 0600 in a private directory, atomically."""
     private_directory(path.parent)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        json.dump({"port": port, "secret": secret, "pid": os.getpid(), **more}, handle)
-    os.replace(temporary, path)
+    replace_file(path, json.dumps({"port": port, "secret": secret, "pid": os.getpid(),
+                                   **more}).encode("utf-8"), durable=False)
 
 
 def listening_socket(port: int) -> socket.socket:

@@ -45,6 +45,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from opencortex.bridges.inbound import Inbound
+from opencortex.files import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -213,16 +214,9 @@ class Inbox:
     def _write_compacted(self, records: list[dict]) -> None:
         """Rewrite the file as RECORDS (in the inbox's thread): the floor and done window,
         then the pending messages."""
-        temporary = self.path.with_name(self.path.name + ".new")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                             0o600)
         data = b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8", "surrogatepass")
                         + b"\n" for r in records)
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
+        replace_file(self.path, data, temporary=self.path.with_name(self.path.name + ".new"))
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
 

@@ -39,9 +39,10 @@ from opencortex.conversation.savedfile import (HEADER, MAX_PER_OWNER, SavedIndex
                                                SavedSession, compact_quietly, parse_saves,
                                                render)
 from opencortex.events import Thread
+from opencortex.files import write_all
 from opencortex.memory import Archive
 from opencortex.memory.records import check_epoch, check_thread
-from opencortex.memory.threadfile import locked, read_range, write_all
+from opencortex.memory.threadfile import locked, read_range
 
 FILE_NAME = "sessions.org"
 MAX_NAME = 80

@@ -21,9 +21,10 @@ from datetime import datetime
 from pathlib import Path
 
 from opencortex.events import Thread
+from opencortex.files import replace_file
 from opencortex.memory import decode_value, encode_value
 from opencortex.memory.records import check_thread
-from opencortex.memory.threadfile import read_range, sync_directory, write_new_file
+from opencortex.memory.threadfile import read_range
 
 log = logging.getLogger(__name__)
 
@@ -190,14 +191,7 @@ def compact(path: Path, index: SavedIndex) -> None:
     """Rewrite PATH with INDEX's live saves only (INDEX is up to date; the caller holds
     the file's exclusive lock), then point INDEX at the new file."""
     data = (HEADER + "".join(render(s) for s in index.sessions())).encode("utf-8")
-    temporary = path.with_name(path.name + ".new")
-    try:
-        os.unlink(temporary)            # left by a crash: start afresh, private again
-    except FileNotFoundError:
-        pass
-    write_new_file(temporary, data)
-    os.replace(temporary, path)
-    sync_directory(path.parent)
+    replace_file(path, data, temporary=path.with_name(path.name + ".new"))
     info = os.stat(path)
     index.entries, index.file = index.live(), (info.st_dev, info.st_ino)
     index.mtime = info.st_mtime_ns
@@ -213,8 +207,4 @@ def compact_quietly(path: Path, index: SavedIndex) -> bool:
     except OSError as error:
         log.error("saved sessions: compaction failed (%s); the file stays as it was",
                   type(error).__name__)
-        try:
-            os.unlink(path.with_name(path.name + ".new"))
-        except OSError:
-            pass
         return False

@@ -24,13 +24,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from opencortex.events import Thread
+from opencortex.files import replace_file, sync_directory
 from opencortex.memory.archive import Archive
 from opencortex.memory.completeness import parse_thread_file
 from opencortex.memory.rows import is_control
 from opencortex.memory.orgformat import Part, render_entry, render_header
 from opencortex.memory.records import MessageRecord, check_thread
-from opencortex.memory.threadfile import (ArchiveError, locked, read_range, sync_directory,
-                                          write_all)
+from opencortex.memory.threadfile import ArchiveError, locked, read_range
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +84,11 @@ def forget(archive: Archive, thread: Thread, before: float | None = None) -> int
             quoting = _quoting({r.id for r in gone}, records)
             kept = [r for r in records if not _goes(r, before) and r.id not in quoting]
             if kept:
-                entries, size = _rewrite(path, thread, kept)
+                entries, size = _rewrite(path, thread, kept)     # and the directory synced
             else:
                 path.unlink()
+                sync_directory(path.parent)
                 entries, size = [], 0
-            sync_directory(path.parent)
         archive.replace_indexed(path, entries, size)
     log.info("forgot %d message(s) of %s", len(gone), name)
     return len(gone)
@@ -121,12 +121,6 @@ def _rewrite(path: Path, thread: Thread, kept: list[MessageRecord]
     for record, chunk in zip(kept, chunks, strict=True):
         entries.append((offset, record))
         offset += len(chunk)
-    temporary = path.with_name(path.name + TEMP_SUFFIX)
-    out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        write_all(out, header + b"".join(chunks))
-        os.fsync(out)
-    finally:
-        os.close(out)
-    os.replace(temporary, path)
+    replace_file(path, header + b"".join(chunks),
+                 temporary=path.with_name(path.name + TEMP_SUFFIX))
     return entries, offset

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
+from opencortex.files import write_all
 from opencortex.memory.completeness import ParsedFile, complete_end, parse_thread_file
 
 log = logging.getLogger(__name__)
@@ -176,13 +177,6 @@ def move_aside(fd: int, path: Path, start: int, size: int) -> Path:
                        "remove old .torn- files next to it")
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """Write all of DATA (os.write may write less than asked, e.g. on a full disk)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def write_new_file(path: Path, data: bytes) -> None:
     """Write DATA to PATH, a file made anew and private to this user (FileExistsError
     when PATH exists), fsynced before it is closed."""
@@ -269,11 +263,3 @@ class Tails:
 def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
-
-def sync_directory(directory: Path) -> None:
-    """fsync DIRECTORY, so a file created or renamed in it survives a crash."""
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

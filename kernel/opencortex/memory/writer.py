@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from opencortex.events import Thread
+from opencortex.files import sync_directory, write_all
 from opencortex.ids import random_uuid
 from opencortex.memory.orgformat import Part, render_entry, render_header
 from opencortex.memory.records import MessageRecord, NewMessage
-from opencortex.memory.threadfile import (ArchiveError, Tails, locked, sync_directory,
-                                          truncate_quietly, write_all)
+from opencortex.memory.threadfile import ArchiveError, Tails, locked, truncate_quietly
 
 log = logging.getLogger(__name__)
 

@@ -60,6 +60,8 @@ from typing import Any
 import hy
 import hy.importer
 
+from opencortex.files import replace_file
+
 log = logging.getLogger(__name__)
 
 SWITCH = "OPENCORTEX_SKILL_CACHE"
@@ -191,15 +193,7 @@ class CompileCache:
     def _write(self, file: Path, data: bytes) -> None:
         """Write DATA to FILE (0600) through a temporary file; drop older entries of it."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temporary = file.with_name(f".{file.name}.{os.getpid()}.tmp")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            with os.fdopen(descriptor, "wb") as handle:
-                handle.write(data)
-            os.replace(temporary, file)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        replace_file(file, data, durable=False)      # a cache: a crash costs a compile
         tag = file.name.split("-", 1)[0]
         for old in self.directory.glob(f"{tag}-*.bin"):
             if old != file:
