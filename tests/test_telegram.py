@@ -405,6 +405,20 @@ def test_strangers_refusals_never_delay_the_owners_reply_and_leave_nothing_pendi
     run(scenario())
 
 
+def test_a_refusal_waiting_for_its_chats_slot_holds_up_no_other_chats(home):
+    """One message a second in a chat: the second refusal owed to one stranger waits that
+    long, and the refusal owed to another stranger behind it goes first."""
+    async def scenario():
+        async with bridge(home, refusal_interval=0) as (fake, running, _):
+            fake.send(STRANGER, "one")
+            fake.send(STRANGER, "two")
+            fake.send(STRANGER + 1, "hello")
+            await until(lambda: len(fake.sent) == 3, 10)
+            assert [s.chat_id for s in fake.sent] == [str(STRANGER), str(STRANGER + 1),
+                                                      str(STRANGER)]
+    run(scenario())
+
+
 def test_update_ids_that_restart_below_the_done_window_are_answered(home, monkeypatch, caplog):
     """After a week without updates Telegram picks the next update id at random, and a home
     may move to another bot: ids under what the inbox handled start a new sequence."""

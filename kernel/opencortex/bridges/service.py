@@ -232,13 +232,16 @@ class Bridge:
 
     async def _send_refusals(self) -> None:
         """Send the refusals owed, each only when the pacer has a free slot at once (low
-        priority: a reply waiting goes first); one attempt each, a failure drops it."""
+        priority: a reply waiting goes first), the oldest of a chat that is free first
+        (one waiting for its chat's slot holds up no other chat's); one attempt each, a
+        failure drops it."""
         pacer = self.actuator.pacer
         while self._refusals:
-            if not pacer.try_now(self._refusals[0]):
+            chat_id = next((chat for chat in self._refusals if pacer.try_now(chat)), None)
+            if chat_id is None:
                 await asyncio.sleep(pacer.interval)
                 continue
-            chat_id = self._refusals.popleft()
+            self._refusals.remove(chat_id)
             try:
                 await self.platform.send(chat_id, "", self.settings.refusal_text)
             except Exception as error:   # best effort: a refusal never stops the others
