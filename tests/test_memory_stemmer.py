@@ -116,3 +116,19 @@ def test_a_snowball_stemmer_without_pystemmer_says_how_to_install_it(monkeypatch
     with pytest.raises(ValidationError, match="install.sh stemming"):
         MemorySettings(stemmer="german")
     assert MemorySettings(stemmer="porter").tokenizer == "porter"     # not needed then
+
+
+def test_snowball_stems_are_the_same_for_composed_and_decomposed_accents_and_in_any_thread():
+    from concurrent.futures import ThreadPoolExecutor
+    import unicodedata
+    from opencortex.memory.stems import query_stemmer, stems_of, terms_function, word_stemmer
+    terms, searched = terms_function("snowball-german"), query_stemmer("snowball-german")
+    composed = "Die Häuser der Straßen"
+    decomposed = unicodedata.normalize("NFD", composed)          # as some keyboards send it
+    stem = word_stemmer("german")
+    assert stems_of(decomposed, stem) == stems_of(composed, stem) == ["haus", "strass"]
+    assert searched([unicodedata.normalize("NFD", "Häuser")]) == ["haus"]
+    words = [f"Häuser{n % 7} Bäuerinnen laufenden Straßen" for n in range(2000)]
+    alone = [terms(text) for text in words]
+    with ThreadPoolExecutor(4) as pool:        # each thread stems with an object of its own
+        assert list(pool.map(terms, words)) == alone

@@ -16,14 +16,16 @@ imported when a Snowball stemmer is configured.
 from __future__ import annotations
 
 import re
+import threading
+import unicodedata
 from collections.abc import Callable
-from functools import lru_cache
 
 from opencortex.memory.cjk import cjk_terms
 
 PREFIX = "snowball-"          # the index's tokenizer name for a Snowball language
 INSTALL_HINT = "bash kernel/install.sh stemming (the PyStemmer package)"
 _WORD = re.compile(r"[^\W_]+")  # a word as FTS5's unicode61 splits text (letters, digits)
+_stemmers = threading.local()   # each thread's PyStemmer objects, by language
 
 
 def snowball_languages() -> list[str]:
@@ -41,17 +43,32 @@ def language_of(tokenizer: str) -> str | None:
     return tokenizer[len(PREFIX):] if tokenizer.startswith(PREFIX) else None
 
 
-@lru_cache(maxsize=None)
 def word_stemmer(language: str) -> Callable[[str], str]:
-    """A function stemming one lower-case word in LANGUAGE (a Snowball language)."""
+    """A function stemming one lower-case word in LANGUAGE (a Snowball language), with a
+    PyStemmer object of the calling thread's (one is not safe to share: the writer
+    thread stems messages while the reading threads stem questions)."""
     import Stemmer
-    return Stemmer.Stemmer(language).stemWord
+
+    def stem(word: str) -> str:
+        """WORD's stem."""
+        stemmers = _stemmers.__dict__.setdefault("by_language", {})
+        stemmer = stemmers.get(language)
+        if stemmer is None:
+            stemmer = stemmers[language] = Stemmer.Stemmer(language)
+        return stemmer.stemWord(word)
+    return stem
+
+
+def folded(text: str) -> str:
+    """TEXT as the Snowball stemmers take it: lower case, accents composed (NFC)."""
+    text = text.casefold()
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
 
 
 def stems_of(text: str, stem: Callable[[str], str]) -> list[str]:
     """The stems of TEXT's words that differ from the word, each once, in order."""
     stems = []
-    for word in dict.fromkeys(_WORD.findall(text.casefold())):
+    for word in dict.fromkeys(_WORD.findall(folded(text))):
         root = stem(word)
         if root != word:
             stems.append(root)
@@ -85,5 +102,5 @@ def query_stemmer(tokenizer: str) -> Callable[[list[str]], list[str]] | None:
         """The stems of WORDS, each part of a word on its own ("Häuser-Verkauf" -> "haus",
         "verkauf"), each once."""
         return list(dict.fromkeys(stem(part) for word in words
-                                  for part in _WORD.findall(word.casefold())))
+                                  for part in _WORD.findall(folded(word))))
     return searched
