@@ -14,8 +14,9 @@ import pytest
 from conftest import AnsweringApprover, RecordingActuator
 from test_durable_reply import CHANNELS, ArchiveWitness, run
 from opencortex.config import load_config
-from opencortex.events import chat_message
-from opencortex.llm import ScriptBackend
+from opencortex.events import Thread, chat_message
+from opencortex.conversation.delivery import NOT_DELIVERED
+from opencortex.llm import EchoBackend, ScriptBackend
 from opencortex.actions import reply_action
 from opencortex.runtime import build_kernel
 from opencortex.turn import TurnResult
@@ -95,3 +96,31 @@ def test_an_approval_outcome_is_said_after_its_turn_is_archived(home, how, shown
     said_after_archived(witness, shown, f"{how}: a message to telegram:99")
     said_after_archived(witness, shown, result.text if how == "approved" else "tell 99")
     assert (("99", "psst") in telegram.delivered) is (how == "approved")
+
+
+def test_an_error_the_person_could_not_be_shown_is_marked_undelivered(home):
+    kernel, witness = scripted(home, "telegram", "42", *[UNREADABLE] * 2)
+    witness.fail = True
+    result = run(kernel.handle(chat_message("hello", "telegram", "42")))
+    assert any(error.startswith("could not tell the person") for error in result.errors)
+    records = kernel.archive.read_thread(Thread("telegram", "42"))
+    error, mark = records[-2:]
+    assert error.text == result.text and error.role == "system"
+    assert mark.extra["CONTROL"] == "delivery" and mark.extra["TARGET"] == error.id
+    assert kernel.archive.undelivered([error.id]) == {error.id}
+
+
+def test_working_memory_knows_what_was_not_delivered(home):
+    kernel = build_kernel(load_config(home), backend=EchoBackend(), writer=lambda text: None)
+    kernel.conversations.unarchived = frozenset({"telegram"})    # as `archive = false` does
+    witness = ArchiveWitness("telegram", kernel, fail=True)
+    witness.chat_id = "42"
+    kernel.actuators.register(witness)
+    thread = Thread("telegram", "42")
+    result = run(kernel.handle(chat_message("hello", "telegram", "42")))
+    assert result.status == "failed"
+    store = kernel.conversations.store_for(thread)
+    records = store.thread_records(thread)
+    assert store.undelivered([r.id for r in records]) == {result.ids[-1]}
+    history = run(kernel.run_command(thread, "/history"))
+    assert NOT_DELIVERED.strip() in history

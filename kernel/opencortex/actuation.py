@@ -4,9 +4,11 @@ The kernel hands every judged reply here (`Actuation.finish`).  An accepted
 action goes to its actuator; one that needs approval is described by kernel
 facts (`opencortex.approvals.ApprovalRequest`) and shown to the approver of
 the channel it came from — nothing is done without a yes, and a channel that
-cannot ask does nothing.  Whatever reached the person is archived as one turn
-(the person's message and everything said back), so memory never holds half a
-turn and never misses what the person saw.
+cannot ask does nothing.  Whatever ends a turn is archived as one turn (the
+person's message and everything said back) and said only once that write is
+durable (the `durable` hook of `Conversations.record_turn`), so memory never
+holds half a turn and never misses what the person saw; what then does not
+reach them is marked so after its turn (`opencortex.conversation.delivery`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from opencortex.approvals import (SHELL, ApprovalDecision, ApprovalRequest, Appr
                                   action_digest)
 from opencortex.config import Config
 from opencortex.conversation.conversations import Conversations, WhenDurable
+from opencortex.conversation.delivery import DELIVERY, FAILED
 from opencortex.events import Event
 from opencortex.llm.routing import archetype_for
 from opencortex.memory import MessageRecord, NewMessage
@@ -94,7 +97,8 @@ class Actuation:
         """Say ACTION's verified words, once the turn that holds them is durable: a
         person is never told what a crash could take back.  A reply no actuator can
         say is kept, marked undelivered; one the platform then refuses is kept as
-        written (the person's message stays answered in memory) and the turn fails."""
+        written, followed by a mark that it was not delivered (`conversation.delivery`),
+        and the turn fails."""
         text = action.reply_text or ""
         result.text = text
         try:
@@ -102,7 +106,7 @@ class Actuation:
         except ActuatorError as error:
             result.errors.append(str(error))
             result.status = "failed"
-            result.ids = await self.archive(event, result, text, extra={"DELIVERY": "failed"})
+            result.ids = await self.archive(event, result, text, extra={DELIVERY: FAILED})
             return
         actuator.saying(event)
 
@@ -115,6 +119,9 @@ class Actuation:
                 result.errors.append(str(error))
                 result.status = "failed"
                 log.warning("a durable reply could not be delivered on %s", event.channel)
+                if said:
+                    await self.conversations.mark_undelivered(event.thread, said[-1],
+                                                              str(error))
                 return
             result.status = "done"
             if outcome.shown is not None:
@@ -264,9 +271,12 @@ class Actuation:
                 error: bool = True, heading: bool = True) -> WhenDurable:
         """The durable hook of a turn that ends by telling the person TEXT (`notify`):
         said only once the turn is durable, so a crash never leaves the person having
-        seen what the archive lacks."""
+        seen what the archive lacks; when it does not reach them, the turn's last
+        record (what says it) is marked undelivered."""
         async def tell(records: list[MessageRecord]) -> None:
-            await self.notify(event, text, result, error=error, heading=heading)
+            if not await self.notify(event, text, result, error=error, heading=heading):
+                await self.conversations.mark_undelivered(
+                    event.thread, records[-1].id, result.errors[-1])
         return tell
 
     async def notify(self, event: Event, text: str, result: TurnResult, *,
