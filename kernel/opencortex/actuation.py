@@ -213,7 +213,9 @@ class Actuation:
         await self._after_decision(event, action, request, decision, result)
 
     async def ask(self, approver: Approver, request: ApprovalRequest) -> ApprovalDecision:
-        """REQUEST put to APPROVER, timed and counted by outcome."""
+        """REQUEST put to APPROVER, timed and counted by outcome.  The request is shown
+        before its turn is archived, by design: a turn is written whole, once decided
+        (a crash while it waits loses the turn, the request with it)."""
         with self.telemetry.span("approval.wait", action_class=request.action_class) as span:
             decision = await approver.ask(request)
             span.set(outcome=decision.how)
