@@ -447,3 +447,25 @@ def test_update_ids_that_restart_below_the_done_window_are_answered(home, monkey
     run(second(30))     # inside the done window, far under the highest (61)
     assert "after" not in caplog.text
     assert "a new sequence of update ids" in caplog.text
+
+
+def test_a_reply_the_bot_api_refuses_stays_archived_with_a_mark_it_was_not_delivered(home):
+    thread = Thread("telegram", str(OWNER))
+
+    def marks(kernel):
+        return [r for r in kernel.archive.read_thread(thread)
+                if r.extra.get("CONTROL") == "delivery"]
+
+    async def scenario():
+        async with bridge(home) as (fake, _, kernel):
+            fake.fail("sendMessage", "500", "500", "500")
+            fake.send(OWNER, "are you there")
+            await until(lambda: marks(kernel), 30)
+            records = kernel.archive.read_thread(thread)
+            reply, mark = records[-2:]
+            assert reply.role == "assistant" and reply.text == "[Echo] are you there"
+            assert mark.extra["TARGET"] == reply.id and mark.extra["DELIVERY"] == "failed"
+            assert texts(fake, OWNER) == []
+            history = await kernel.run_command(thread, "/history")
+            assert "[not delivered: the person never saw this] [Echo] are you there" in history
+    run(scenario())

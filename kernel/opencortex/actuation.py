@@ -4,9 +4,11 @@ The kernel hands every judged reply here (`Actuation.finish`).  An accepted
 action goes to its actuator; one that needs approval is described by kernel
 facts (`opencortex.approvals.ApprovalRequest`) and shown to the approver of
 the channel it came from — nothing is done without a yes, and a channel that
-cannot ask does nothing.  Whatever reached the person is archived as one turn
-(the person's message and everything said back), so memory never holds half a
-turn and never misses what the person saw.
+cannot ask does nothing.  Whatever ends a turn is archived as one turn (the
+person's message and everything said back) and said only once that write is
+durable (the `durable` hook of `Conversations.record_turn`), so memory never
+holds half a turn and never misses what the person saw; what then does not
+reach them is marked so after its turn (`opencortex.conversation.delivery`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from opencortex.approvals import (SHELL, ApprovalDecision, ApprovalRequest, Appr
                                   action_digest)
 from opencortex.config import Config
 from opencortex.conversation.conversations import Conversations, WhenDurable
+from opencortex.conversation.delivery import DELIVERY, FAILED
 from opencortex.events import Event
 from opencortex.llm.routing import archetype_for
 from opencortex.memory import MessageRecord, NewMessage
@@ -94,7 +97,8 @@ class Actuation:
         """Say ACTION's verified words, once the turn that holds them is durable: a
         person is never told what a crash could take back.  A reply no actuator can
         say is kept, marked undelivered; one the platform then refuses is kept as
-        written (the person's message stays answered in memory) and the turn fails."""
+        written, followed by a mark that it was not delivered (`conversation.delivery`),
+        and the turn fails."""
         text = action.reply_text or ""
         result.text = text
         try:
@@ -102,7 +106,7 @@ class Actuation:
         except ActuatorError as error:
             result.errors.append(str(error))
             result.status = "failed"
-            result.ids = await self.archive(event, result, text, extra={"DELIVERY": "failed"})
+            result.ids = await self.archive(event, result, text, extra={DELIVERY: FAILED})
             return
         actuator.saying(event)
 
@@ -115,6 +119,9 @@ class Actuation:
                 result.errors.append(str(error))
                 result.status = "failed"
                 log.warning("a durable reply could not be delivered on %s", event.channel)
+                if said:
+                    await self.conversations.mark_undelivered(event.thread, said[-1],
+                                                              str(error))
                 return
             result.status = "done"
             if outcome.shown is not None:
@@ -123,24 +130,27 @@ class Actuation:
 
     async def stopped(self, event: Event, result: TurnResult, why: str) -> None:
         """End a turn whose tool loop stopped before the model answered (WHY: stopped by
-        the person, a failure, the step limit): the steps done are kept, marked so."""
+        the person, a failure, the step limit): the steps done are kept, marked so, and
+        the person is told once that is durable."""
         result.status = "aborted" if why.startswith("stopped") else "failed"
         steps = len(result.steps)
         message = f"{why} — the {steps} step{'s' if steps != 1 else ''} done are kept."
-        await self.notify(event, message, result, error=result.status == "failed",
-                          heading=False)
         result.text = message
-        result.ids = await self.archive(event, result, message, role="system",
-                                        turn_type="action", extra={"STATUS": result.status})
+        result.ids = await self.archive(
+            event, result, message, role="system", turn_type="action",
+            extra={"STATUS": result.status},
+            durable=self.telling(event, message, result, error=result.status == "failed",
+                                 heading=False))
 
     async def give_up(self, event: Event, verdict: Verdict, result: TurnResult) -> None:
+        """End a turn whose reply was rejected: the error is archived, then said."""
         result.errors.extend(verdict.errors)
         reason = verdict.errors[0] if verdict.errors else "reply rejected"
         message = (f"System Error: {reason} — nothing was done; send the message again or "
                    "rephrase it.")
-        if await self.notify(event, message, result):
-            result.text = message
-            result.ids = await self.archive(event, result, message, role="system")
+        result.text = message
+        result.ids = await self.archive(event, result, message, role="system",
+                                        durable=self.telling(event, message, result))
 
     # -- approval -------------------------------------------------------------
 
@@ -194,15 +204,18 @@ class Actuation:
         if approver is None:
             message = (f"{request.as_text()}\nThis channel cannot approve actions; "
                        "nothing was done.")
-            await self.notify(event, message, result, error=False)
             result.text = message
-            result.ids = await self.archive(event, result, action.printed(), turn_type="yield")
+            result.ids = await self.archive(event, result, action.printed(), turn_type="yield",
+                                            durable=self.telling(event, message, result,
+                                                                 error=False))
             return
         decision = await self.ask(approver, request)
         await self._after_decision(event, action, request, decision, result)
 
     async def ask(self, approver: Approver, request: ApprovalRequest) -> ApprovalDecision:
-        """REQUEST put to APPROVER, timed and counted by outcome."""
+        """REQUEST put to APPROVER, timed and counted by outcome.  The request is shown
+        before its turn is archived, by design: a turn is written whole, once decided
+        (a crash while it waits loses the turn, the request with it)."""
         with self.telemetry.span("approval.wait", action_class=request.action_class) as span:
             decision = await approver.ask(request)
             span.set(outcome=decision.how)
@@ -212,37 +225,40 @@ class Actuation:
 
     async def _after_decision(self, event: Event, action: Action, request: ApprovalRequest,
                               decision: ApprovalDecision, result: TurnResult) -> None:
+        """Archive the decision (and, approved, the action's outcome), then tell the
+        person.  The approved action itself is carried out before the write: what it
+        did is part of what is archived."""
         log.info("approval %s (%s): %s", request.id, request.action_class, decision.how)
         summary = _summary(request)
         said = [(f"{decision.how}: {summary}", "yield")]
         if not decision.approved:
             result.status = "needs-approval"
             shown = f"Not done ({decision.how}): {summary}"
-            await self.notify(event, shown, result, error=False)
+            tell = self.telling(event, shown, result, error=False)
         else:
             shown = await self._carry_out_approved(event, action, result)
             said.append((shown, "action"))
+            tell = self.telling(event, shown, result, error=shown.startswith("System Error"),
+                                heading=False)
         result.text = shown
         result.ids = await self.archive_many(event, result, [
             ("assistant", action.printed(), "yield"),
-            *[("system", text, kind) for text, kind in said]])
+            *[("system", text, kind) for text, kind in said]], durable=tell)
 
     async def _carry_out_approved(self, event: Event, action: Action,
                                   result: TurnResult) -> str:
         """Do the approved ACTION (a message or another action a skill held for a person;
-        commands and tool calls are steps, `opencortex.steps`); what the person was told."""
+        commands and tool calls are steps, `opencortex.steps`); what the person is to be
+        told (once it is archived)."""
         result.status = "done"
         try:
             target = str(action.to_plist().get("target"))
             outcome = await self.actuators.for_target(target).carry_out(action, event)
             where = destination(action)
-            shown = f"Done: sent to {where}." if where else f"Done: {outcome.result or ''}"
+            return f"Done: sent to {where}." if where else f"Done: {outcome.result or ''}"
         except ActuatorError as error:
             result.errors.append(str(error))
-            shown = f"System Error: {error}"
-        await self.notify(event, shown, result, error=shown.startswith("System Error"),
-                          heading=False)
-        return shown
+            return f"System Error: {error}"
 
     def shell(self) -> ShellActuator | None:
         try:
@@ -253,9 +269,27 @@ class Actuation:
 
     # -- telling and keeping --------------------------------------------------
 
+    def telling(self, event: Event, text: str, result: TurnResult, *,
+                error: bool = True, heading: bool = True) -> WhenDurable:
+        """The durable hook of a turn that ends by telling the person TEXT (`notify`):
+        said only once the turn is durable, so a crash never leaves the person having
+        seen what the archive lacks; when it does not reach them, the turn's last
+        record (what says it) is marked undelivered."""
+        async def tell(records: list[MessageRecord]) -> None:
+            if not await self.notify(event, text, result, error=error, heading=heading):
+                await self.conversations.mark_undelivered(
+                    event.thread, records[-1].id, result.errors[-1])
+        return tell
+
     async def notify(self, event: Event, text: str, result: TurnResult, *,
                      error: bool = True, heading: bool = True) -> bool:
-        """Tell the person on EVENT's channel; never raise.  True if it reached them."""
+        """Tell the person on EVENT's channel; never raise.  True if it reached them.
+
+        Said at once, so only for what is never archived (a slash command's answer, a
+        failure that keeps nothing, a notice) or what its turn archives later by design
+        (a tool step's line, said while the loop runs; a crash before the turn's write
+        loses the whole turn, steps included); a turn's own ending goes through
+        `telling`."""
         shown = f"* {text}" if event.channel == "emacs" and heading else text
         action = reply_action(event.channel, event.chat_id, shown, self.config.chat.buffer)
         try:
@@ -306,7 +340,7 @@ class Actuation:
                      for role, text, kind in replies]
         records, report = await self.conversations.record_turn(
             event.thread, messages, metrics, pin=result.pinned, durable=durable)
-        if report is not None:
+        if report is not None:      # a notice, never archived: said after the turn's own
             await self.notify(event, f"Context compressed ({report.strategy}): {report.notes}",
                               result, error=False, heading=False)
         return [record.id for record in records]

@@ -4,7 +4,7 @@ that persist them in the thread's own org file.
 A control record is an ordinary archive entry (role "system", turn type
 "silence", no parent) whose `extra` says what changed::
 
-    CONTROL  branch | head | pin | unpin | strategy | summary | checkpoint
+    CONTROL  branch | head | pin | unpin | strategy | summary | checkpoint | delivery
     TARGET   a message id ("" for none)
     BRANCH   a branch name
     VALUE    the strategy's name (`strategy` only)
@@ -17,7 +17,9 @@ A control record is an ordinary archive entry (role "system", turn type
   changes no branch state;
 - `checkpoint`: carries only a `:CHECKPOINT:` (see `checkpoint`), written after
   a thread was filled by other means (`memory import`) so the next start
-  resumes from the tail; it changes no branch state.
+  resumes from the tail; it changes no branch state;
+- `delivery`: message TARGET, archived, never reached the person (see
+  `delivery`); it changes no branch state.
 
 Its text is one human line ("Forked branch b2 at turn 3") so the file stays
 readable in Emacs.  Replaying a thread's records in file order through
@@ -48,7 +50,7 @@ MERGED_FROM = "MERGED_FROM"
 MAIN = "main"
 ControlKind = Literal["branch", "head", "pin", "unpin", "strategy", "checkpoint"]
 CONTROL_KINDS: tuple[str, ...] = ("branch", "head", "pin", "unpin", "strategy", "summary",
-                                  "checkpoint")
+                                  "checkpoint", "delivery")
 R = TypeVar("R", bound=MessageRecord)
 _GENERATED_NAME = re.compile(r"b([0-9]+)")
 
@@ -124,7 +126,7 @@ class BranchState:
             self.pins.discard(target)
         elif kind == "strategy":
             self.strategy = record.extra.get(VALUE) or None
-        elif kind in ("summary", "checkpoint"):
+        elif kind in ("summary", "checkpoint", "delivery"):
             pass                              # no branch state
         else:
             log.debug("ignored a control record of unknown kind %r", kind)

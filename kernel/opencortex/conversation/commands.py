@@ -22,6 +22,7 @@ from opencortex.conversation.commandline import (  # noqa: F401  (is_command: fo
     FREE_TEXT, HANDLERS, OWNERS_ONLY, USAGE, CommandError, CommandInput, command, first_word,
     is_command, number_argument, rest_argument, short, unknown_command)
 from opencortex.conversation.conversations import Conversation, Conversations
+from opencortex.conversation.delivery import as_seen
 
 FRONTENDS_THAT_QUIT = ("cli", "emacs")
 
@@ -72,12 +73,15 @@ async def _history(commands: Commands, conv: Conversation, args: list[str],
     count = number_argument(args[0], "n") if args else 10
     show_thoughts = commands.conversations.settings.show_thoughts
     turns = conv.log.last_turns(count) if count else []
+    store = commands.conversations.store_for(conv.thread)
+    gone = await commands.off_loop(store.undelivered, [r.id for t in turns for r in t.records])
     lines = []
     for turn in turns:
         for record in turn.records:
             if record.turn_type == "thought" and not show_thoughts:
                 continue
-            lines.append(f"{turn.number:>4} {record.role:<9} {short(record.text)}")
+            text = as_seen(short(record.text), record.id in gone)
+            lines.append(f"{turn.number:>4} {record.role:<9} {text}")
     return "\n".join(lines) or "No turns on this branch yet."
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Awaitable, Callable, Collection, Iterable, Sequence
 
@@ -37,6 +37,7 @@ from opencortex.conversation.checkpoint import ContextMark, checkpoint_message
 from opencortex.conversation.checkpointscan import scan_checkpoint
 from opencortex.conversation.compression import CompressionReport
 from opencortex.conversation.context import WorkingContext
+from opencortex.conversation.delivery import DELIVERY, FAILED, as_seen
 from opencortex.conversation.entries import Entry, count_tokens, default_retention
 from opencortex.conversation.recall import Recall, owner_of
 from opencortex.conversation.saved import SavedSessions
@@ -100,6 +101,7 @@ class Conversation:
     recalled: list[Entry] = field(default_factory=list)  # brought in for the latest turn
     kept_summaries: set[str] = field(default_factory=set)  # summary entries in the archive
     unkept_summaries: set[str] = field(default_factory=set)  # ... the archive did not take
+    undelivered: set[str] = field(default_factory=set)  # of the turn being recorded
 
 
 class Conversations:
@@ -210,6 +212,10 @@ class Conversations:
         conversation.kept_summaries.update(found.kept_ids())
         entries = [e for e in found.entries() if e.kind == "summary" or
                    shown_to_model(e.role, e.turn_type)]
+        gone = await self.read(self.store_for(conversation.thread).undelivered,
+                               [e.id for e in entries if e.kind == "message"])
+        entries = [replace(e, text=as_seen(e.text, True), tokens=0) if e.id in gone else e
+                   for e in entries]
         report = await asyncio.to_thread(asyncio.run, fill(
             context, found, entries, configured=self.settings.strategy))
         conversation.context = context
@@ -300,6 +306,18 @@ class Conversations:
                       type(error).__name__)
             return []
 
+    async def mark_undelivered(self, thread: Thread, message_id: str, why: str) -> None:
+        """Archive that MESSAGE_ID of THREAD's turn being recorded never reached the person
+        (WHY: what the platform said; see `delivery`): the context takes it so marked.
+        Called from `record_turn`'s DURABLE hook; never fatal."""
+        conversation = await self.open(thread)
+        conversation.undelivered.add(message_id)
+        try:
+            await self.read(conversation.log.mark_undelivered, message_id, why)
+        except (ArchiveError, ValueError) as error:
+            log.warning("could not mark an undelivered reply of %s (%s)", thread,
+                        type(error).__name__)
+
     async def record_turn(self, thread: Thread, messages: Sequence[NewMessage],
                           metrics: dict[str, str], *, pin: bool = False,
                           durable: WhenDurable | None = None
@@ -322,10 +340,14 @@ class Conversations:
         if durable is not None:
             await durable(records)
         turn = conversation.log.turn_count()
+        gone = {r.id for r in records if r.id in conversation.undelivered or
+                r.extra.get(DELIVERY) == FAILED}
+        conversation.undelivered -= gone
         if pin:                         # control records: written off the loop too
             await self.read(lambda: [conversation.log.pin(record.id) for record in records])
         report = await conversation.context.add(*[
-            Entry(id=r.id, role=r.role, text=r.text, turn=turn, turn_type=r.turn_type,
+            Entry(id=r.id, role=r.role, text=as_seen(r.text, r.id in gone), turn=turn,
+                  turn_type=r.turn_type,
                   retention="PRESERVED" if pin else default_retention(r.role, r.text,
                                                                      r.turn_type))
             for r in records if shown_to_model(r.role, r.turn_type)])

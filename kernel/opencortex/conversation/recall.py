@@ -47,6 +47,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from opencortex.conversation.branches import unique
+from opencortex.conversation.delivery import as_seen
 from opencortex.conversation.entries import Entry
 from opencortex.conversation.fusion import Ranked, fuse
 from opencortex.conversation.recalldates import DateHint, date_hint
@@ -78,8 +79,7 @@ SAID_READ = 8                  # a period's messages read per one kept of a name
 
 def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
     """Who is talking in THREAD: the configured name for "channel:chat-id" if any;
-    else "local" for Emacs and terminal threads; else the thread itself ("telegram:123").
-    """
+    else "local" for Emacs and terminal threads; else the thread itself ("telegram:123")."""
     thread = Thread(*thread)
     configured = owners.get(str(thread))
     return configured or default_partition(thread)
@@ -164,8 +164,7 @@ class Recall:
 
         Creating a thread file changes its directory's time, so a new thread
         is noticed without reading every file header again.  File times come
-        from a coarse clock: a stamp younger than SETTLE_NS is not trusted.
-        """
+        from a coarse clock: a stamp younger than SETTLE_NS is not trusted."""
         root = self.archive.root
         stamp = [("", os.stat(root).st_mtime_ns)]
         with os.scandir(root) as listing:
@@ -186,8 +185,9 @@ class Recall:
         hits, _ = self.hits(thread, query, k=k, exclude_ids=exclude_ids)
         beside = self.beside(hits, exclude_ids)
         log.debug("recall: %d recalled, %d beside them", len(hits), len(beside))
-        return [self.entry(hit) for hit in hits] + \
-            [self.entry(partner, near=True) for _, partner, _ in beside]
+        gone = self.archive.undelivered([h.id for h in hits] + [p.id for _, p, _ in beside])
+        return [self.entry(hit, gone=gone) for hit in hits] + \
+            [self.entry(partner, near=True, gone=gone) for _, partner, _ in beside]
 
     def beside(self, hits: Sequence[SearchHit], exclude_ids: Collection[str] = ()
                ) -> list[tuple[SearchHit, MessageRecord, bool]]:
@@ -309,8 +309,7 @@ class Recall:
         a text repeated word for word only where it first comes (each search returns a
         text once; this holds across the lists merged and the dense ranking too)."""
         lexical = unique(found, seen=exclude_ids)        # a merged copy is the same message
-        dense = self._dense(thread, hint.text if hint.text.strip() else query, exclude_ids,
-                            hint)
+        dense = self._dense(thread, hint.text if hint.text.strip() else query, exclude_ids, hint)
         if dense is None:
             ranked = [Ranked(hit, rank, None, None) for rank, hit in enumerate(lexical, 1)]
         else:
@@ -353,11 +352,12 @@ class Recall:
         """The words of WORDS (a recall query) that name a sender in THREAD's scope."""
         return self._named(words, self._scope_of(Thread(*thread))[1])[0]
 
-    def entry(self, hit: MessageRecord, *, near: bool = False) -> Entry:
+    def entry(self, hit: MessageRecord, *, near=False, gone: Collection[str] = ()) -> Entry:
         """HIT as a recalled entry: where, when and by whom it was said, then its text
-        (NEAR: it came as the question or reply next to a recalled message)."""
+        (NEAR: it came as the question or reply next to a recalled message), marked when
+        it is in GONE (the person never got it, see `delivery`)."""
         when = datetime.fromtimestamp(hit.timestamp).strftime("%Y-%m-%d")
-        text = hit.text
+        text = as_seen(hit.text, hit.id in gone)
         if len(text) > self.max_chars:
             text = text[:self.max_chars].rstrip() + " …"
         by = " ".join([hit.role, shown_who(hit.sender, hit.extra)]).strip()

@@ -9,9 +9,11 @@ and names are the archive's (untrusted): shown on one line each, cut short.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from opencortex.conversation.delivery import as_seen
 from opencortex.conversation.fusion import Ranked
 from opencortex.conversation.recallwords import searched_words
 from opencortex.events import Thread
@@ -44,14 +46,18 @@ def explain(recall: Recall, thread: Thread, query: str, *, k: int = 10) -> str:
     if hint.recent:
         lines.append("asks about the present: newer matches ranked higher")
     number_of = {}
+    beside = recall.beside([item.hit for item in ranked])
+    gone = recall.archive.undelivered([item.hit.id for item in ranked] +
+                                      [partner.id for _, partner, _ in beside])
     for number, item in enumerate(ranked, 1):
         number_of[item.hit.id] = number
         terms = ", ".join(item.hit.matched)
         lines.append(f"{number}. {_why(item)}, {_said(item.hit)}; matched: {terms or '-'}\n"
-                     f"   {_text(item.hit)}")
-    for hit, partner, reply in recall.beside([item.hit for item in ranked]):
+                     f"   {_text(item.hit, gone)}")
+    for hit, partner, reply in beside:
         what = "the reply to" if reply else "the question of"
-        lines.append(f"+ {what} {number_of[hit.id]}, {_said(partner)}\n   {_text(partner)}")
+        lines.append(f"+ {what} {number_of[hit.id]}, {_said(partner)}\n"
+                     f"   {_text(partner, gone)}")
     return "\n".join(lines) if ranked else "\n".join(lines + ["Nothing recalled."])
 
 
@@ -63,9 +69,10 @@ def _said(message: MessageRecord) -> str:
     return f"{when}, {message.thread}, {message.role}{said}"
 
 
-def _text(message: MessageRecord) -> str:
-    """The start of MESSAGE's text, on one line."""
-    return " ".join(message.text.split())[:140]
+def _text(message: MessageRecord, gone: Collection[str]) -> str:
+    """The start of MESSAGE's text, on one line (marked when it is in GONE: the person
+    never got it)."""
+    return as_seen(" ".join(message.text.split())[:140], message.id in gone)
 
 
 def _why(item: Ranked) -> str:

@@ -44,7 +44,8 @@ CARRIER_SEARCH = 512         # entries read back at most looking for the newest 
 FIRST_BYTES = 1 << 16        # bytes first read from the start to find the first message
 FIRST_LIMIT = 1 << 22        # ... and at most, doubling
 STALE_SEARCH = 256           # entries read back after a write to find its predecessor
-AFTER_CHECKPOINT = ("pin", "unpin", "strategy", "summary", "checkpoint")  # a resume replays
+# the control records a resume replays after a checkpoint
+AFTER_CHECKPOINT = ("pin", "unpin", "strategy", "summary", "checkpoint", "delivery")
 _HEADING = re.compile(rb"(?m)^\* ")
 
 

@@ -34,6 +34,7 @@ from typing import Any
 from opencortex.conversation.branches import BranchState, is_control
 from opencortex.conversation.branchops import BranchOps
 from opencortex.conversation.checkpoint import ContextMark
+from opencortex.conversation.delivery import delivery_mark
 from opencortex.conversation.entries import Entry, default_retention
 from opencortex.conversation.resumable import Resumable, SinceCheckpoint
 from opencortex.conversation.storedsummaries import StoredSummary
@@ -333,6 +334,11 @@ class ThreadLog(Resumable, BranchOps):
                      turn_type=record.turn_type, retention=retention)
 
     # -- writing ----------------------------------------------------------
+
+    def mark_undelivered(self, message_id: str, why: str) -> MessageRecord:
+        """Archive that MESSAGE_ID, written, never reached the person (WHY: what the
+        platform said); see `delivery`.  Written right after its turn."""
+        return self._write([delivery_mark(self.thread, message_id, self.branch, why)])[0]
 
     def append_turn(self, messages: Sequence[NewMessage], *, checkpoint: bool = False,
                     context: ContextMark | None = None) -> list[MessageRecord]:

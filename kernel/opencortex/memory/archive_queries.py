@@ -90,6 +90,13 @@ class ArchiveQueries:
         with self._reading() as index:
             return index.speakers(query, scope, owners)
 
+    def undelivered(self, message_ids: Iterable[str]) -> set[str]:
+        """Those of MESSAGE_IDS that were written but never reached the person: marked so
+        when written, or by the control record that followed them (see
+        `opencortex.conversation.delivery`)."""
+        with self._reading() as index:
+            return index.undelivered(message_ids)
+
     def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
         """The messages just before and after MESSAGE_ID in its thread (None: none)."""
         return self.neighbours_of([message_id]).get(message_id, (None, None))

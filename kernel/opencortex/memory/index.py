@@ -45,8 +45,8 @@ from opencortex.memory.partitions import (DEFAULT_TOKENIZER, PARTS_INDEXES, PART
 from opencortex.memory.ranking import RankedSearch
 from opencortex.memory.records import MessageRecord
 from opencortex.memory.reread import KEY as REREAD_KEY, IndexRereads
-from opencortex.memory.rows import (AFTER_EACH, BEFORE_EACH, COLUMNS, is_control,
-                                   record_fields, row_values, who)
+from opencortex.memory.rows import (AFTER_EACH, BEFORE_EACH, COLUMNS, UNDELIVERED,
+                                   is_control, record_fields, row_values, who)
 from opencortex.memory.timeline import ThreadTimeline
 
 log = logging.getLogger(__name__)
@@ -360,6 +360,11 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
             f"SELECT {COLUMNS} FROM messages WHERE channel = ? AND chat_id = ? ORDER BY offset",
             (thread.channel, thread.chat_id)).fetchall()
         return [MessageRecord(**record_fields(row)) for row in rows]
+
+    def undelivered(self, message_ids: Iterable[str]) -> set[str]:
+        """Those of MESSAGE_IDS the person never got (see `rows.UNDELIVERED`)."""
+        ids = list(message_ids)
+        return {i for (i,) in self._db.execute(UNDELIVERED, (json.dumps(ids),))} if ids else set()
 
     def neighbours(self, message_id: str) -> tuple[MessageRecord | None, MessageRecord | None]:
         """The conversation messages just before and just after MESSAGE_ID in its thread's

@@ -10,6 +10,8 @@ CONTROL_KEY = "CONTROL"     # extra property marking a control record (never sea
 SENDER_NAME = "SENDER_NAME"     # extra property: the sender's display name (a bridge's)
 PLATFORM_ID = "PLATFORM_ID"     # extra property: the platform's id of a person's message
 IMPORTED = "IMPORTED"           # extra property: the format `memory import` read it from
+DELIVERY = "DELIVERY"   # extra property: "failed" on a reply the person never got, or on
+FAILED = "failed"       # the control record that follows it (see conversation.delivery)
 COLUMNS = "id, role, text, channel, chat_id, sender, epoch, parent, turn_type, extra"
 NOT_CONTROL = f"json_extract(extra, '$.{CONTROL_KEY}') IS NULL"   # SQL: not a control record
 # who sent a message, as the index searches it: the sender and their display name
@@ -80,3 +82,16 @@ BEFORE_EACH = (f"SELECT h.id, {columns_of('m')} FROM messages h LEFT JOIN messag
 AFTER_EACH = (f"SELECT h.id, {columns_of('m')} FROM messages h "
               f"JOIN messages m ON m.seq = {_nearest('>', 'ASC')} "
               f"WHERE h.id IN (SELECT value FROM json_each(?1))")
+
+# UNDELIVERED: those of a JSON list of ids (?1) the person never got (conversation
+# messages, never a control record): carrying DELIVERY "failed" themselves, or followed
+# at once in their thread's file by a control record saying so of them (one index
+# lookup each, whatever the length of the thread).
+UNDELIVERED = (f"SELECT h.id FROM messages h WHERE h.id IN (SELECT value FROM json_each(?1)) "
+               f"AND json_extract(h.extra, '$.{CONTROL_KEY}') IS NULL "
+               f"AND (json_extract(h.extra, '$.{DELIVERY}') = '{FAILED}' OR EXISTS ("
+               f"SELECT 1 FROM messages m WHERE m.seq = (SELECT n.seq FROM messages n "
+               f"WHERE n.channel = h.channel AND n.chat_id = h.chat_id AND n.offset > h.offset "
+               f"ORDER BY n.offset ASC LIMIT 1) AND json_extract(m.extra, '$.{DELIVERY}') = "
+               f"'{FAILED}' AND json_extract(m.extra, '$.TARGET') = h.id "
+               f"AND json_extract(m.extra, '$.{CONTROL_KEY}') IS NOT NULL))")

@@ -11,11 +11,12 @@ Nothing is written to disk; a restart forgets it all.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from opencortex.events import Thread
 from opencortex.ids import random_uuid
 from opencortex.memory.records import MessageRecord, NewMessage, check_thread
+from opencortex.memory.rows import CONTROL_KEY, DELIVERY, FAILED
 
 THREAD_LIMIT = 2000   # records kept per thread
 
@@ -34,6 +35,19 @@ class WorkingMemory:
     def history(self, thread: Thread, limit: int = 20) -> list[MessageRecord]:
         """The last LIMIT messages of THREAD, oldest first."""
         return self.thread_records(thread)[-limit:] if limit else []
+
+    def undelivered(self, message_ids: Iterable[str]) -> set[str]:
+        """Those of MESSAGE_IDS the person never got, as `Archive.undelivered` tells."""
+        wanted, found = set(message_ids), set()
+        for kept in self._threads.values():
+            for record, after in zip(kept, [*kept[1:], None]):
+                if record.id in wanted and CONTROL_KEY not in record.extra and (
+                        record.extra.get(DELIVERY) == FAILED or (
+                        after is not None and CONTROL_KEY in after.extra and
+                        after.extra.get(DELIVERY) == FAILED and
+                        after.extra.get("TARGET") == record.id)):
+                    found.add(record.id)
+        return found
 
     def append(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
         """Keep MESSAGES (one turn); PARENT "auto" links each to the one before it."""
