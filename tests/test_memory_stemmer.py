@@ -63,7 +63,8 @@ def texts(hits) -> list[str]:
 
 def test_a_snowball_stemmer_finds_the_other_forms_of_a_word_in_its_language(tmp_path):
     with Archive(tmp_path / "de", tokenizer="snowball-german") as german:
-        german.append([say("Wir haben drei Häuser gekauft", CLI), say("Das Wetter ist schön", CLI)])
+        german.append([say("Wir haben drei Häuser gekauft", CLI),
+                       say("Das Wetter ist schön", CLI)])
         for question in ("Haus", "hauses", "Wo sind die Häuser?"):
             assert texts(german.search(question)) == ["Wir haben drei Häuser gekauft"], question
         [hit] = german.search("Haus", snippets=True)

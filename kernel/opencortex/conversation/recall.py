@@ -352,7 +352,8 @@ class Recall:
         """The words of WORDS (a recall query) that name a sender in THREAD's scope."""
         return self._named(words, self._scope_of(Thread(*thread))[1])[0]
 
-    def entry(self, hit: MessageRecord, *, near=False, gone: Collection[str] = ()) -> Entry:
+    def entry(self, hit: MessageRecord, *, near: bool = False,
+              gone: Collection[str] = ()) -> Entry:
         """HIT as a recalled entry: where, when and by whom it was said, then its text
         (NEAR: it came as the question or reply next to a recalled message), marked when
         it is in GONE (the person never got it, see `delivery`)."""

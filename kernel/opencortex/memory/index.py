@@ -16,8 +16,8 @@ dropped and rebuilt at any time.  Tables:
   `messages` but never put in an FTS table: search cannot return them;
 - `files`: for each org file, how many of its bytes are known to be indexed;
 - `meta`: the tokenizer the FTS tables were made with ("porter" stems English
-  words, so "donated" finds "donate"; "snowball-LANGUAGE" another language's), and how far each re-read of a changed
-  file is (see `reread`).
+  words, so "donated" finds "donate"; "snowball-LANGUAGE" another language's), and
+  how far each re-read of a changed file is (see `reread`).
 
 Ranked search (`ranking.RankedSearch`), a changed file read again
 (`reread.IndexRereads`) and a thread read a piece at a time
