@@ -27,6 +27,7 @@ class WorkingMemory:
     def __init__(self, limit: int = THREAD_LIMIT):
         self.limit = limit
         self._threads: dict[Thread, list[MessageRecord]] = {}
+        self._undelivered: set[str] = set()        # ids of kept messages never delivered
 
     def thread_records(self, thread: Thread) -> list[MessageRecord]:
         """Every message still kept for THREAD, oldest first."""
@@ -38,16 +39,7 @@ class WorkingMemory:
 
     def undelivered(self, message_ids: Iterable[str]) -> set[str]:
         """Those of MESSAGE_IDS the person never got, as `Archive.undelivered` tells."""
-        wanted, found = set(message_ids), set()
-        for kept in self._threads.values():
-            for record, after in zip(kept, [*kept[1:], None]):
-                if record.id in wanted and CONTROL_KEY not in record.extra and (
-                        record.extra.get(DELIVERY) == FAILED or (
-                        after is not None and CONTROL_KEY in after.extra and
-                        after.extra.get(DELIVERY) == FAILED and
-                        after.extra.get("TARGET") == record.id)):
-                    found.add(record.id)
-        return found
+        return self._undelivered.intersection(message_ids)
 
     def append(self, messages: Sequence[NewMessage]) -> list[MessageRecord]:
         """Keep MESSAGES (one turn); PARENT "auto" links each to the one before it."""
@@ -64,7 +56,23 @@ class WorkingMemory:
                 sender=message.sender, parent=parent, turn_type=message.turn_type,
                 timestamp=now if message.timestamp is None else message.timestamp,
                 extra=dict(message.extra))
+            if _marks_undelivered(record, kept[-1] if kept else None):
+                self._undelivered.add(record.extra.get("TARGET", record.id))
             kept.append(record)
+            for forgotten in kept[:max(0, len(kept) - self.limit)]:
+                self._undelivered.discard(forgotten.id)
             del kept[:max(0, len(kept) - self.limit)]
             records.append(record)
         return records
+
+
+def _marks_undelivered(record: MessageRecord, before: MessageRecord | None) -> bool:
+    """Whether RECORD says a message was never delivered: itself (a message carrying
+    DELIVERY failed), or BEFORE, the message it directly follows (a control record
+    saying so of BEFORE; its TARGET)."""
+    if record.extra.get(DELIVERY) != FAILED:
+        return False
+    if CONTROL_KEY not in record.extra:
+        return True
+    return before is not None and CONTROL_KEY not in before.extra and \
+        record.extra.get("TARGET") == before.id
