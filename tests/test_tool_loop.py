@@ -35,7 +35,7 @@ class NoteArguments(BaseModel):
 
 
 def kernel_with(home: Path, *replies: str, toml: str = "", approver=None,
-                tools: tuple[Tool, ...] = ()):
+                tools: tuple[Tool, ...] = (), telegram: bool = True):
     if toml:
         (home / "config.toml").write_text(toml)
     path = home / "replies.jsonl"
@@ -45,12 +45,13 @@ def kernel_with(home: Path, *replies: str, toml: str = "", approver=None,
     kernel = build_kernel(load_config(home), backend=backend, writer=printed.append)
     for tool in tools:
         kernel.tools.register(tool)
-    telegram = RecordingActuator("telegram")
-    kernel.actuators.register(telegram)
+    platform = RecordingActuator("telegram")
+    if telegram:
+        kernel.actuators.register(platform)
     if approver is not None:
         kernel.approvers["cli"] = approver
         kernel.approvers["telegram"] = approver
-    return kernel, backend, printed, telegram
+    return kernel, backend, printed, platform
 
 
 def writer_tool(written: list[str], risk: str = "writes", trust: str = "kernel") -> Tool:
@@ -291,3 +292,15 @@ def test_a_call_that_no_longer_fits_its_tool_fails_the_step_not_the_turn(home):
     result = run(kernel.handle(chat_message("go")))
     assert result.text == "sorry" and result.steps[0].outcome == "failed"
     assert "bad arguments: the schema changed" in backend.requests[1].messages[-1].content
+
+
+def test_a_reply_no_actuator_can_say_marks_the_reply_only_not_its_steps(home):
+    """DELIVERY failed names the reply the person never got; the tool steps before it
+    were never meant for the person and are not marked."""
+    kernel, _, _, _ = kernel_with(home, CLOCK, say("the time", target="telegram"),
+                                  telegram=False)
+    result = run(kernel.handle(chat_message("time?", "telegram", "42")))
+    assert result.status == "failed" and len(result.steps) == 1
+    records = kernel.archive.read_thread(result.thread)
+    assert [r.extra.get("DELIVERY") for r in records] == [None, None, None, "failed"]
+    assert kernel.archive.undelivered([r.id for r in records]) == {records[-1].id}

@@ -317,13 +317,13 @@ class Actuation:
                            durable: WhenDurable | None = None
                            ) -> list[str]:
         """Archive the turn on the thread's current branch (DURABLE awaited once the write
-        is durable); tell the person when the working context was compressed to make
-        room."""
+        is durable; EXTRA: fields of the REPLIES, not of the tool steps before them);
+        tell the person when the working context was compressed to make room."""
         usage = result.usage
         metrics = {"SKILL": result.skill or "", "BACKEND": result.backend,
                    "LATENCY_MS": f"{1000 * (time.perf_counter() - result.started):.1f}",
                    "TOKENS_IN": str(usage.input_tokens if usage else 0),
-                   "TOKENS_OUT": str(usage.output_tokens if usage else 0), **(extra or {})}
+                   "TOKENS_OUT": str(usage.output_tokens if usage else 0)}
         said = {PLATFORM_ID: event.message_id} if event.message_id else {}
         if event.sender_name:
             said[SENDER_NAME] = event.sender_name
@@ -336,8 +336,8 @@ class Actuation:
                                     turn_type="action", extra=number),
                          NewMessage(role="system", text=step.result, thread=event.thread,
                                     turn_type="action", extra=number)]
-        messages += [NewMessage(role=role, text=text, thread=event.thread, turn_type=kind)
-                     for role, text, kind in replies]
+        messages += [NewMessage(role=role, text=text, thread=event.thread, turn_type=kind,
+                                extra=dict(extra or {})) for role, text, kind in replies]
         records, report = await self.conversations.record_turn(
             event.thread, messages, metrics, pin=result.pinned, durable=durable)
         if report is not None:      # a notice, never archived: said after the turn's own
