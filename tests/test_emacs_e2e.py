@@ -496,3 +496,47 @@ def test_chat_whose_kernel_start_is_refused_connects_to_the_running_one(tmp_path
         if hidden.exists():
             hidden.rename(kernel.file)
         kernel.stop()
+
+
+def test_a_reply_emacs_refuses_is_archived_with_a_mark_that_it_was_not_delivered(
+        tmp_path, home):
+    """The reply goes to an allowed buffer the person made read-only: Emacs refuses the
+    insert over EPC, the chat buffer says so, and the archive keeps the reply followed by
+    its delivery mark."""
+    (home / "config.toml").write_text('[chat]\nallowed_buffers = ["*notes*"]\n')
+    reply = {"text": '(:type :REQUEST :target :emacs :action :insert-at-end :buffer "*notes*" '
+                     ':text "a note nobody reads")'}
+    replies = script(tmp_path / "replies.jsonl", reply)
+    driver = Driver(tmp_path, home, ("--script", str(replies)))
+    buffer = driver.run("""
+(with-current-buffer (get-buffer-create "*notes*") (setq buffer-read-only t))
+(e2e-send "note this")
+(with-current-buffer "*notes*"
+  (unless (= (buffer-size) 0) (e2e-fail "the read-only buffer changed")))
+""")
+    assert "System Error: the reply to *notes* on emacs was not delivered (Emacs did not " \
+        "take opencortex-insert: Emacs: Buffer *notes* is read-only)" in buffer
+    assert "a note nobody reads" not in buffer
+    archive = driver.archive()
+    reply_at = archive.index("\na note nobody reads\n")
+    mark = archive[reply_at:]
+    assert ":CONTROL:  delivery" in mark and ":DELIVERY: failed" in mark
+    assert "Not delivered: Emacs did not take opencortex-insert: Emacs: Buffer *notes* is " \
+        "read-only" in mark
+    reply_id = archive[:reply_at].rsplit(":ID:", 1)[1].split()[0]
+    assert f":TARGET:   {reply_id}" in mark
+
+
+def test_a_streamed_reply_for_another_buffer_goes_there_not_into_the_chat(tmp_path, home):
+    (home / "config.toml").write_text('[chat]\nallowed_buffers = ["*notes*"]\n')
+    form = ('(:type :REQUEST :target :emacs :action :insert-at-end :buffer "*notes*" '
+            ':text "milk, eggs, bread")')
+    replies = script(tmp_path / "replies.jsonl", {"chunks": [form[:40], form[40:]]})
+    driver = Driver(tmp_path, home, ("--script", str(replies)))
+    buffer = driver.run("""
+(e2e-send "note the shopping")
+(with-current-buffer "*notes*"
+  (unless (string-search "milk, eggs, bread" (buffer-string))
+    (e2e-fail "the note is not in *notes*")))
+""")
+    assert "milk, eggs, bread" not in buffer and "System Error" not in buffer

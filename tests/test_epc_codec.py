@@ -84,3 +84,14 @@ def test_frames_near_a_plain_call_are_left_to_sexpdata():
     assert _plain_call(long_uid) is None and decode_message(long_uid) == unpack_message(long_uid)
     assert decode_message(b'(call 7 x ("multi\nline" -3 nil t))\n') == (
         "call", 7, [Symbol("x"), ["multi\nline", -3, [], True]])
+
+
+def test_an_error_emacs_returns_is_worded_as_emacs_would():
+    from sexpdata import Symbol
+    from opencortex.epc_connection import emacs_error
+    assert emacs_error([Symbol("error"), "Buffer *notes* is read-only"]) == \
+        "Buffer *notes* is read-only"
+    assert emacs_error([Symbol("wrong-type-argument"), Symbol("stringp"), 5]) == \
+        "wrong-type-argument: stringp, 5"
+    assert emacs_error([Symbol("quit")]) == "quit"
+    assert emacs_error("plain text") == "plain text"

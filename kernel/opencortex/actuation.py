@@ -98,7 +98,8 @@ class Actuation:
         person is never told what a crash could take back.  A reply no actuator can
         say is kept, marked undelivered; one the platform then refuses is kept as
         written, followed by a mark that it was not delivered (`conversation.delivery`),
-        and the turn fails."""
+        and the turn fails.  Either way a person asking elsewhere than where the reply
+        went (another buffer, another platform) is told."""
         text = action.reply_text or ""
         result.text = text
         try:
@@ -107,6 +108,7 @@ class Actuation:
             result.errors.append(str(error))
             result.status = "failed"
             result.ids = await self.archive(event, result, text, extra={DELIVERY: FAILED})
+            await self._not_delivered(event, action, target, error, result)
             return
         actuator.saying(event)
 
@@ -122,11 +124,24 @@ class Actuation:
                 if said:
                     await self.conversations.mark_undelivered(event.thread, said[-1],
                                                               str(error))
+                await self._not_delivered(event, action, target, error, result)
                 return
             result.status = "done"
             if outcome.shown is not None:
                 result.text = outcome.shown
         result.ids = await self.archive(event, result, text, durable=say)
+
+    async def _not_delivered(self, event: Event, action: Action, target: str,
+                             error: ActuatorError, result: TurnResult) -> None:
+        """Tell the person that the reply to EVENT, meant for TARGET, went nowhere, unless
+        TARGET is where they asked (what refused the reply would refuse this too)."""
+        asked = reply_action(event.channel, event.chat_id, "", self.config.chat.buffer)
+        if target == event.channel and address_of(action) == address_of(asked):
+            return
+        where = f"{address_of(action)} on {target}" if target == event.channel else target
+        await self.notify(event, f"System Error: the reply to {where} was not delivered "
+                          f"({error}); it is kept in the archive, marked so.", result,
+                          heading=False)
 
     async def stopped(self, event: Event, result: TurnResult, why: str) -> None:
         """End a turn whose tool loop stopped before the model answered (WHY: stopped by

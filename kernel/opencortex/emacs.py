@@ -29,6 +29,8 @@ from opencortex.streaming import TextExtractor
 
 log = logging.getLogger(__name__)
 
+MAX_EMACS_ERROR = 200       # characters of an error Emacs signalled kept in its report
+
 
 class EmacsLink:
     """The authenticated Emacs connections, oldest first (on the kernel's loop)."""
@@ -65,7 +67,10 @@ class EmacsLink:
             raise ActuatorError("the Emacs connection this message came from has closed")
         try:
             return await connection.call(method, list(args), self.call_timeout)
-        except (ConnectionError, OSError, RuntimeError, asyncio.TimeoutError) as error:
+        except RuntimeError as error:          # Emacs signalled an error: its message
+            why = " ".join(str(error).split())[:MAX_EMACS_ERROR]
+            raise ActuatorError(f"Emacs did not take {method}: {why}") from error
+        except (ConnectionError, OSError, asyncio.TimeoutError) as error:
             raise ActuatorError(f"Emacs did not take {method}: {type(error).__name__}") from error
 
     def notify(self, method: str, *args: Any) -> None:
@@ -100,8 +105,10 @@ def as_lines(text: str) -> str:
 class EmacsActuator(MessageActuator):
     targets = ("emacs",)
 
-    def __init__(self, link: EmacsLink, max_payload_bytes: int):
+    def __init__(self, link: EmacsLink, max_payload_bytes: int,
+                 chat_buffer: str = "*opencortex-chat*"):
         self.link = link
+        self.chat_buffer = chat_buffer      # where a turn's reply streams
         # An escaped string can take twice its bytes; keep room for the frame around it.
         self.piece_bytes = max(1, max_payload_bytes // 2 - 4096)
 
@@ -114,10 +121,12 @@ class EmacsActuator(MessageActuator):
 
     async def carry_out(self, action: Action, event: Event, *,
                         key: str | None = None) -> Outcome:
-        """A reply into the chat buffer takes the place of its streamed preview."""
+        """A reply into the chat buffer takes the place of its streamed preview (one into
+        another buffer goes there; the preview is dropped when the turn ends)."""
         relay = self.link.relays.get(event.thread)
         if (relay is None or not relay.streamed or relay.ended
-                or not isinstance(action, EmacsInsert) or event.channel != "emacs"):
+                or not isinstance(action, EmacsInsert) or action.buffer != self.chat_buffer
+                or event.channel != "emacs"):
             return await super().carry_out(action, event, key=key)
         first, *rest = split_utf8(as_lines(action.text), self.piece_bytes)
         await self.link.call("opencortex-stream", relay.turn_id, "end", first)

@@ -257,7 +257,7 @@ class KernelConnection(asyncio.Protocol):
         if future is not None:
             if not future.done():
                 if failed:
-                    future.set_exception(RuntimeError(f"Emacs: {value}"))
+                    future.set_exception(RuntimeError(f"Emacs: {emacs_error(value)}"))
                 else:
                     future.set_result(value)
             return
@@ -380,3 +380,14 @@ def decode(frame: bytes) -> tuple[str, Any, Any] | None:
     except Exception:               # sexpdata raises many kinds (see KNOWLEDGE.md)
         return None
     return str(name), uid, args
+
+
+def emacs_error(value: Any) -> str:
+    """An error Emacs returned, as Emacs would word it: `(error "Buffer x is read-only")`
+    as its message, `(wrong-type-argument stringp 5)` as "wrong-type-argument: stringp, 5"."""
+    if isinstance(value, list) and value and isinstance(value[0], Symbol):
+        name, data = str(value[0]), [str(item) for item in value[1:]]
+        if name in ("error", "user-error") and data:
+            return " ".join(data)
+        return f"{name}: {', '.join(data)}" if data else name
+    return str(value)

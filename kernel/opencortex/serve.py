@@ -124,7 +124,7 @@ def emacs_frontend(config: Config, kernel: Kernel, loop: asyncio.AbstractEventLo
     from opencortex.epc import KernelEpcServer
     settings = config.emacs
     link, book = EmacsLink(settings.call_timeout), ApprovalBook()
-    actuator = EmacsActuator(link, settings.max_payload_bytes)
+    actuator = EmacsActuator(link, settings.max_payload_bytes, config.chat.buffer)
     kernel.actuators.register(actuator)
     kernel.approvers["emacs"] = EmacsApprover(link, book)
     tools = kernel.actuators.for_target("tool")
