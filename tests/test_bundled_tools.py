@@ -14,6 +14,7 @@ import pytest
 
 from opencortex.conversation.branches import control_message
 from opencortex.conversation.conversations import Conversations
+from opencortex.conversation.delivery import NOT_DELIVERED, delivery_mark
 from opencortex.conversation.recall import Recall
 from opencortex.conversation.settings import ConversationSettings
 from opencortex.events import Thread, chat_message
@@ -460,3 +461,18 @@ def test_a_file_swapped_after_the_check_is_caught_on_the_open_descriptor(skills,
             assert opened_inside(fd, roots) is inside
         finally:
             os.close(fd)
+
+
+def test_memory_shows_a_reply_the_person_never_got_as_such(skills, archive):
+    question, reply = archive.append([
+        say(CLI, "where is the harbour", at("2026-03-14", "10:00")),
+        say(CLI, "the harbour is past the lighthouse", at("2026-03-14", "10:01"), "assistant")])
+    archive.append([delivery_mark(CLI, reply.id, "main", "the platform refused it")])
+    view = memory(skills, archive, EMACS).memory
+    found = {hit["id"]: hit for hit in view.search("harbour lighthouse", 5)}
+    assert found[reply.id]["delivered"] is False and found[question.id]["delivered"] is True
+    assert found[reply.id]["text"] == NOT_DELIVERED + "the harbour is past the lighthouse"
+    shown = run(skills, "memory-show", memory(skills, archive, CLI), date="2026-03-14")
+    assert shown.split("\n") == [
+        "2026-03-14 10:00 user: where is the harbour",
+        f"2026-03-14 10:01 assistant: {NOT_DELIVERED}the harbour is past the lighthouse"]

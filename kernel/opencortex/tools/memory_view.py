@@ -16,6 +16,10 @@ Built per tool call by the tool actuator for the event's thread::
   system errors) — from the archive, or from working memory for a channel
   kept out of the archive.
 
+A reply the person never got (see `conversation.delivery`) is returned with
+`delivered` false and its text behind NOT_DELIVERED, as the working context
+and recall show it.
+
 Both read SQLite and files: call them off the event loop (`asyncio.to_thread`).
 The index connection and the archive's lock allow that.
 """
@@ -24,7 +28,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from collections.abc import Iterable
+
 from opencortex.conversation.branches import is_control
+from opencortex.conversation.delivery import as_seen
 from opencortex.conversation.recall import Recall
 from opencortex.events import Thread
 from opencortex.memory import MessageRecord
@@ -39,6 +46,9 @@ class ThreadStore(Protocol):
     def thread_records(self, thread: Thread) -> list[MessageRecord]:
         """Every message of THREAD in file order."""
 
+    def undelivered(self, message_ids: Iterable[str]) -> set[str]:
+        """Those of MESSAGE_IDS the person never got."""
+
 
 def shown(record: MessageRecord) -> bool:
     """Whether a tool may show RECORD: no control records and no system errors
@@ -48,10 +58,13 @@ def shown(record: MessageRecord) -> bool:
     return record.role != "system" or record.turn_type in ("action", "yield")
 
 
-def as_dict(record: MessageRecord, score: float | None = None) -> dict[str, Any]:
-    """RECORD as the plain dict `MemoryView` returns."""
+def as_dict(record: MessageRecord, score: float | None = None, *,
+            delivered: bool = True) -> dict[str, Any]:
+    """RECORD as the plain dict `OwnerMemory` returns (DELIVERED: whether the person
+    got it)."""
     found = {"id": record.id, "thread": str(record.thread), "role": record.role,
-             "text": record.text, "timestamp": record.timestamp}
+             "text": as_seen(record.text, not delivered), "timestamp": record.timestamp,
+             "delivered": delivered}
     if score is not None:
         found["score"] = score
     return found
@@ -90,8 +103,10 @@ class OwnerMemory:
             raise TypeError(f"query must be text, not {type(query).__name__}")
         hits, _ = self.recall.hits(self.thread, query, k=limit, informative_only=False)
         allowed = {self.owner, *self.recall.shared_owners}
-        return [as_dict(hit, hit.score) for hit in hits
+        hits = [hit for hit in hits
                 if hit.thread == self.thread or self.recall.owner(hit.thread) in allowed]
+        gone = self.recall.archive.undelivered([hit.id for hit in hits]) if hits else set()
+        return [as_dict(hit, hit.score, delivered=hit.id not in gone) for hit in hits]
 
     def messages(self, since: float | None = None, until: float | None = None,
                  limit: int = 50) -> list[dict[str, Any]]:
@@ -104,4 +119,6 @@ class OwnerMemory:
                  if (since is None or record.timestamp >= since)
                  and (until is None or record.timestamp < until) and shown(record)]
         found.sort(key=lambda record: record.timestamp)      # imports may be out of order
-        return [as_dict(record) for record in found[:limit]]
+        found = found[:limit]
+        gone = self.store.undelivered([record.id for record in found]) if found else set()
+        return [as_dict(record, delivered=record.id not in gone) for record in found]
