@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import threading
 import time
 
@@ -59,10 +60,14 @@ def home(tmp_path, monkeypatch):
 
 
 def edit(archive_or_root, change) -> None:
-    """Apply CHANGE (bytes -> bytes) to THREAD's file, as an editor would."""
+    """Apply CHANGE (bytes -> bytes) to THREAD's file, as an editor would (saved at a
+    later time, even where the file system's clock is coarse)."""
     root = archive_or_root.root if isinstance(archive_or_root, Archive) else archive_or_root
     path = Archive(root, read_only=True).thread_file(THREAD)
+    before = path.stat().st_mtime_ns
     path.write_bytes(change(path.read_bytes()))
+    if path.stat().st_mtime_ns <= before:
+        os.utime(path, ns=(before + 10**6, before + 10**6))
 
 
 def chunks(monkeypatch, allowed: int | None = None) -> tuple[list, threading.Event]:
@@ -89,9 +94,13 @@ def until(condition) -> None:
 
 
 def fix_typo(data: bytes) -> bytes:
-    """One message corrected (the file grows 1 byte: an edit of the same size goes
-    unseen, see `archive`)."""
+    """One message corrected (the file grows 1 byte)."""
     return data.replace(b"answer 12 teh end", b"answer 12 the end!")
+
+
+def swap_letters(data: bytes) -> bytes:
+    """One message corrected, the file keeping its size (only its time tells)."""
+    return data.replace(b"answer 12 teh end", b"answer 12 the end")
 
 
 def drop_property(data: bytes) -> bytes:
@@ -111,7 +120,8 @@ def copy_entry(data: bytes) -> bytes:
     return data[:starts[5]] + data[starts[0]:starts[1]] + data[starts[5]:]
 
 
-@pytest.mark.parametrize("change", [fix_typo, drop_property, remove_turn, copy_entry])
+@pytest.mark.parametrize("change", [fix_typo, swap_letters, drop_property, remove_turn,
+                                    copy_entry])
 def test_an_edited_file_is_read_again_in_chunks_to_what_a_rebuild_makes(home, monkeypatch,
                                                                         change):
     with Archive(home) as archive:
@@ -245,3 +255,46 @@ def test_the_id_of_the_entry_at_an_offset_is_read_from_its_drawer(tmp_path):
         assert entry_id_at(fd, data.index(b"* a [y]")) is None        # a body line is no id
         assert entry_id_at(fd, data.index(b":ROLE")) is None           # no entry begins there
         assert entry_id_at(fd, 0) is None and entry_id_at(fd, len(data)) is None
+
+
+def test_an_edit_that_keeps_the_size_is_seen_by_a_running_archive(home):
+    with Archive(home) as archive:
+        assert archive.search("teh")
+        edit(archive, swap_letters)
+        texts = [record.text for record in archive.thread_records(THREAD)]
+        assert "answer 12 the end" in texts and "answer 12 teh end" not in texts
+        assert [hit.text for hit in archive.search("answer 12 the end")][:1] == \
+            ["answer 12 the end"]
+        assert archive._index.rereads() == {}
+        assert index_of(archive) == rebuilt(archive)
+
+
+def test_a_file_only_touched_is_read_again_and_changes_nothing(home):
+    with Archive(home) as archive:
+        before = index_of(archive)
+    path = home / "emacs" / "long.org"
+    later = path.stat().st_mtime_ns + 10**9
+    os.utime(path, ns=(later, later))
+    with Archive(home) as archive:
+        assert index_of(archive) == before
+        assert archive._index.file_time("emacs/long.org") == later
+
+
+def test_an_index_of_layout_5_is_upgraded_in_place_and_then_sees_same_size_edits(home):
+    """Layout 5 had no modification times: they are added as unknown (the files are not
+    read again), and the next write of a file records its time."""
+    with Archive(home) as archive:
+        seqs = dict(archive._index._db.execute("SELECT id, seq FROM messages"))
+    db = sqlite3.connect(home / "index.sqlite")
+    db.execute("ALTER TABLE files DROP COLUMN mtime")
+    db.execute("PRAGMA user_version = 5")
+    db.commit()
+    db.close()
+    with Archive(home) as archive:
+        assert dict(archive._index._db.execute("SELECT id, seq FROM messages")) == seqs
+        assert set(archive._index.file_times().values()) == {0}
+        archive.append([say("one more question", THREAD)])
+        assert archive._index.file_time("emacs/long.org") != 0
+    edit(home, swap_letters)
+    with Archive(home) as archive:
+        assert "answer 12 the end" in [r.text for r in archive.thread_records(THREAD)]

@@ -23,11 +23,11 @@ appends to one writer thread, which commits the appends that wait together
 under `opencortex serve` that thread has the files written by a child process
 (`write_in_a_process`, see `write_process`) and indexes what it answers.
 
-The index remembers how many bytes of each file it has seen; on open it reads
-only what grew since (and reads again a file changed otherwise, see `reread`),
-and a file of the size it has seen is not even opened (a stat tells: an edit
-that keeps the size goes unseen).  After editing archive files by hand, call
-`reindex()`.  Searches read through a connection of their
+The index remembers how many bytes of each file it has seen, and the file's
+modification time then; on open it reads only what grew since (and reads again
+a file changed otherwise, see `reread`, a file of the same size whose time moved
+on among them), and a file of the size and time it has seen is not even opened
+(a stat tells).  Searches read through a connection of their
 own, so they do not wait for the writer's files and fsyncs.
 """
 
@@ -101,8 +101,8 @@ class Archive(ArchiveQueries, IndexUpkeep):
         self._index = MessageIndex(self.root / INDEX_NAME, tokenizer=tokenizer)
         self._readers = Readers(self.root / INDEX_NAME, tokenizer,
                                 lambda: self._index.generation)
-        _, sizes = self._settle_tails()
-        self._catch_up(background=background, sizes=sizes)
+        _, stats = self._settle_tails()
+        self._catch_up(background=background, stats=stats)
 
     def __enter__(self) -> Archive:
         return self
@@ -234,7 +234,8 @@ class Archive(ArchiveQueries, IndexUpkeep):
                 return
             self.files_made += sum(1 for w in written if w.start == 0)
             try:
-                self._index.add_writes((w.file, w.start, w.end, w.entries) for w in written)
+                self._index.add_writes((w.file, w.start, w.end, w.entries, w.mtime)
+                                       for w in written)
             except sqlite3.Error as error:     # the files hold it: the next catch-up indexes it
                 log.error("could not index %d write(s) (%s); they are indexed when the files "
                           "are next read", len(written), type(error).__name__)

@@ -51,7 +51,7 @@ from opencortex.memory.timeline import ThreadTimeline
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _SCHEMA = f"""
 CREATE TABLE messages (
     seq INTEGER PRIMARY KEY,
@@ -61,7 +61,8 @@ CREATE TABLE messages (
     extra TEXT NOT NULL, file TEXT NOT NULL, offset INTEGER NOT NULL);
 CREATE INDEX messages_in_thread ON messages (channel, chat_id, offset);
 CREATE INDEX messages_in_file ON messages (file);
-CREATE TABLE files (path TEXT PRIMARY KEY, size INTEGER NOT NULL);
+CREATE TABLE files (path TEXT PRIMARY KEY, size INTEGER NOT NULL,
+                    mtime INTEGER NOT NULL DEFAULT 0);
 {PARTS_TABLE};
 CREATE TABLE thread_parts (channel TEXT NOT NULL, chat_id TEXT NOT NULL, part TEXT NOT NULL,
                            PRIMARY KEY (channel, chat_id));
@@ -155,11 +156,14 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
         """(Re)create the schema, unless another process just did (or FORCE).
 
         An index of an older schema is dropped whole (the archive then rebuilds it
-        from the org files), unless `upgrade_from_4` can bring it up to date."""
+        from the org files), unless it can be brought up to date: layout 5 lacks
+        the files' modification times (added, unknown: 0), layout 4 also the
+        partitions of `upgrade_from_4`."""
         db.execute("BEGIN IMMEDIATE")
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
-            if not force and version == 4 and upgrade_from_4(db):
+            if not force and (version == 5 or version == 4 and upgrade_from_4(db)):
+                db.execute("ALTER TABLE files ADD COLUMN mtime INTEGER NOT NULL DEFAULT 0")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             elif force or version != SCHEMA_VERSION:
                 for table in fts_tables(db) + list(_TABLES):
@@ -245,8 +249,9 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
         self._write(work)
         return added
 
-    def add_writes(self, writes: Iterable[tuple[str, int, int, list]]) -> None:
-        """Index WRITES (file, size before, size after, (offset, record) pairs) in ONE
+    def add_writes(self, writes: Iterable[tuple[str, int, int, list, int]]) -> None:
+        """Index WRITES (file, size before, size after, (offset, record) pairs, its
+        modification time after) in ONE
         transaction, moving each file's indexed size on (see `set_file_size`).  A file
         written from empty (size before 0) starts with nothing indexed: whatever the
         index held under its name was of a file removed meanwhile."""
@@ -254,11 +259,11 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
 
         def work() -> None:
             nonlocal stale
-            for file, start, end, entries in writes:
+            for file, start, end, entries, mtime in writes:
                 if start == 0:
                     stale = self._drop_file(file) or stale
                 self._insert((file, offset, record) for offset, record in entries)
-                self.set_file_size(file, end, previous=start)
+                self.set_file_size(file, end, previous=start, mtime=mtime)
         self._write(work)
         if stale:
             self._forgot()
@@ -308,25 +313,38 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
         """For each known org file, how many of its bytes are indexed."""
         return dict(self._db.execute("SELECT path, size FROM files"))
 
+    def file_times(self) -> dict[str, int]:
+        """For each known org file, its modification time (ns) when the index last agreed
+        with it (0: unknown, as after an upgrade)."""
+        return dict(self._db.execute("SELECT path, mtime FROM files"))
+
     def file_size(self, file: str) -> int | None:
         """How many of FILE's bytes are indexed (None: none are known)."""
         row = self._db.execute("SELECT size FROM files WHERE path = ?", (file,)).fetchone()
         return None if row is None else row[0]
 
-    def set_file_size(self, file: str, size: int, *, previous: int | None = None) -> bool:
-        """Record that FILE is indexed up to SIZE bytes.
+    def file_time(self, file: str) -> int:
+        """FILE's modification time when the index last agreed with it (0: unknown)."""
+        row = self._db.execute("SELECT mtime FROM files WHERE path = ?", (file,)).fetchone()
+        return 0 if row is None else row[0]
+
+    def set_file_size(self, file: str, size: int, *, previous: int | None = None,
+                      mtime: int = 0) -> bool:
+        """Record that FILE is indexed up to SIZE bytes, as it was at modification time
+        MTIME (ns; 0: unknown).
 
         With PREVIOUS, only move on from exactly that size (0 also matches an
         unknown file): a gap left by another process stays visible for catch-up.
         """
         db = self._db
         if previous is None:
-            db.execute("INSERT OR REPLACE INTO files (path, size) VALUES (?, ?)", (file, size))
+            db.execute("INSERT OR REPLACE INTO files (path, size, mtime) VALUES (?, ?, ?)",
+                       (file, size, mtime))
             return True
         if previous == 0:
             db.execute("INSERT OR IGNORE INTO files (path, size) VALUES (?, 0)", (file,))
-        cursor = db.execute("UPDATE files SET size = ? WHERE path = ? AND size = ?",
-                            (size, file, previous))
+        cursor = db.execute("UPDATE files SET size = ?, mtime = ? WHERE path = ? AND size = ?",
+                            (size, mtime, file, previous))
         return cursor.rowcount == 1
 
     # -- reading -----------------------------------------------------------

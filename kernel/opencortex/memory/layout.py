@@ -70,16 +70,22 @@ def org_files(root: Path) -> list[Path]:
 
 
 def org_file_sizes(root: Path) -> dict[str, int]:
-    """The size of every thread file under ROOT (ROOT/CHANNEL/NAME.org; hidden names
-    are none) by its name relative to ROOT, as the index records it: one scan of
-    each channel's directory and a stat per file."""
-    sizes: dict[str, int] = {}
+    """The size of every thread file under ROOT (see `org_file_stats`)."""
+    return {name: size for name, (size, _) in org_file_stats(root).items()}
+
+
+def org_file_stats(root: Path) -> dict[str, tuple[int, int]]:
+    """The size and modification time (ns) of every thread file under ROOT
+    (ROOT/CHANNEL/NAME.org; hidden names are none) by its name relative to ROOT, as
+    the index records it: one scan of each channel's directory and a stat per file."""
+    stats: dict[str, tuple[int, int]] = {}
     for name, entry in _org_entries(root):
         try:
-            sizes[name] = entry.stat().st_size
+            stat = entry.stat()
         except FileNotFoundError:       # removed meanwhile
             continue
-    return sizes
+        stats[name] = (stat.st_size, stat.st_mtime_ns)
+    return stats
 
 
 def _org_entries(root: Path) -> Iterator[tuple[str, os.DirEntry]]:

@@ -91,7 +91,7 @@ class Reread:
         while not index.sweep(file, id_at, SWEEP_ROWS if limit else None, self):
             if limit is not None:
                 return False
-        index.end_reread(file, self.offset)
+        index.end_reread(file, self.offset, os.fstat(fd).st_mtime_ns)
         return True
 
 
@@ -117,12 +117,13 @@ class IndexRereads:
         self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                          (KEY + file, json.dumps(asdict(reread))))
 
-    def end_reread(self, file: str, size: int) -> None:
-        """The re-read of FILE ended: FILE is indexed up to SIZE bytes."""
+    def end_reread(self, file: str, size: int, mtime: int) -> None:
+        """The re-read of FILE ended: FILE is indexed up to SIZE bytes, as it was at
+        modification time MTIME (ns)."""
         def work() -> None:
             self._db.execute("DELETE FROM meta WHERE key = ?", (KEY + file,))
-            self._db.execute("INSERT OR REPLACE INTO files (path, size) VALUES (?, ?)",
-                             (file, size))
+            self._db.execute("INSERT OR REPLACE INTO files (path, size, mtime) "
+                             "VALUES (?, ?, ?)", (file, size, mtime))
         self._write(work)
 
     def reconcile(self, file: str, entries: list[tuple[int, MessageRecord]], start: int,

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from opencortex.memory.index import MessageIndex
-from opencortex.memory.layout import org_file_sizes
+from opencortex.memory.layout import org_file_stats
 from opencortex.memory.records import MessageRecord
 from opencortex.memory.reread import Reread
 from opencortex.memory.threadfile import locked, parse_writes, read_range, settle_tail
@@ -130,30 +130,31 @@ class IndexUpkeep:
         Returns one report per file that was repaired.
         """
         self._stop_catching_up()
-        reports, sizes = self._settle_tails()
-        self._catch_up(sizes=sizes)
+        reports, stats = self._settle_tails()
+        self._catch_up(stats=stats)
         return reports
 
-    def _settle_tails(self) -> tuple[list[str], dict[str, int]]:
+    def _settle_tails(self) -> tuple[list[str], dict[str, tuple[int, int]]]:
         """Move the incomplete last writes of the files the index has not seen whole
-        aside: one report per file repaired, and every file's size then.  A file of
-        the size the index has seen ends with the last write indexed, which was whole
-        (a size is only recorded after a whole write): a stat tells, with no file
-        opened or locked (a start used to open every file twice: 0.16 s for 2,000
-        threads)."""
+        aside: one report per file repaired, and every file's size and modification
+        time then.  A file of the size the index has seen ends with the last write
+        indexed, which was whole (a size is only recorded after a whole write): a stat
+        tells, with no file opened or locked (a start used to open every file twice:
+        0.16 s for 2,000 threads)."""
         reports = []
         with self._lock:
             known = self._index.file_sizes()
-            sizes = org_file_sizes(self.root)
-            for name, size in sorted(sizes.items()):
+            stats = org_file_stats(self.root)
+            for name, (size, _) in sorted(stats.items()):
                 if known.get(name) == size:
                     continue
                 path = self.root / name
                 with locked(path, exclusive=True) as fd:
-                    sizes[name], _, report = settle_tail(fd, path, name)
+                    size, _, report = settle_tail(fd, path, name)
+                    stats[name] = (size, os.fstat(fd).st_mtime_ns)
                 if report:
                     reports.append(report)
-        return reports, sizes
+        return reports, stats
 
     def index_report(self) -> str:
         """Whether the index has all of the org files, for /metrics."""
@@ -180,7 +181,11 @@ class IndexUpkeep:
             self._index.forget_file(name)
             if entries:
                 self._index.add((name, offset, record) for offset, record in entries)
-                self._index.set_file_size(name, size)
+                try:
+                    mtime = path.stat().st_mtime_ns
+                except FileNotFoundError:        # removed meanwhile: the next open sees it
+                    mtime = 0
+                self._index.set_file_size(name, size, mtime=mtime)
 
     def reindex(self) -> int:
         """Drop the index and rebuild it from the org files; returns the message count."""
@@ -190,23 +195,26 @@ class IndexUpkeep:
             self._catch_up()
             return self._index.count()
 
-    def _catch_up(self, *, background: bool = False, sizes: dict[str, int] | None = None
-                  ) -> None:
-        """Index what the org files hold beyond what the index has seen (SIZES: every
-        file's, when just listed); with BACKGROUND, when that is over INLINE_BYTES, in
-        a thread (see the module).  The file written last is indexed last: rows are
-        numbered as they come, and "the newest matches" are the highest numbers (see
-        `RankedSearch.search`)."""
+    def _catch_up(self, *, background: bool = False,
+                  stats: dict[str, tuple[int, int]] | None = None) -> None:
+        """Index what the org files hold beyond what the index has seen (STATS: every
+        file's size and modification time, when just listed); with BACKGROUND, when
+        that is over INLINE_BYTES, in a thread (see the module).  The file written last
+        is indexed last: rows are numbered as they come, and "the newest matches" are
+        the highest numbers (see `RankedSearch.search`)."""
         with self._lock:
-            known = self._index.file_sizes()
-            sizes = org_file_sizes(self.root) if sizes is None else sizes
-            for gone in known.keys() - sizes.keys():
+            known, times = self._index.file_sizes(), self._index.file_times()
+            stats = org_file_stats(self.root) if stats is None else stats
+            for gone in known.keys() - stats.keys():
                 self._index.forget_file(gone)
             rereads = self._index.rereads()
-            behind = {name: size if name in rereads else self._to_read(name, known.get(name),
-                                                                       size)
-                      for name, size in sizes.items()         # file -> bytes to read
-                      if known.get(name) != size or name in rereads}
+            behind = {}                                       # file -> bytes to read
+            for name, (size, mtime) in stats.items():
+                if name in rereads or known.get(name) == size and times.get(name) not in (
+                        0, None, mtime):              # read again; or the same size, edited
+                    behind[name] = size
+                elif known.get(name) != size:
+                    behind[name] = self._to_read(name, known.get(name), size)
             order = sorted(behind, key=self._written_at)
             if not background or sum(behind.values()) <= INLINE_BYTES:
                 for name in order:
@@ -256,9 +264,13 @@ class IndexUpkeep:
                 reread = Reread.of(stat)
             if reread is None:
                 known = self._index.file_size(name)
-                if known == size:
+                if known == size and self._index.file_time(name) in (0, stat.st_mtime_ns):
                     return True
-                if known and (known > size or read_range(fd, known - 1, known + 1) != b"\n*"):
+                if known == size:
+                    log.info("%s changed, keeping its size; it is read again", name)
+                    reread = Reread.of(stat)
+                elif known and (known > size or
+                                read_range(fd, known - 1, known + 1) != b"\n*"):
                     log.info("%s changed other than by appending; it is read again", name)
                     reread = Reread.of(stat)
             if reread is not None:
@@ -268,7 +280,7 @@ class IndexUpkeep:
         if start == 0:
             self._index.forget_file(name)
         added = self._index.add((name, offset, rec) for offset, rec in parsed.entries)
-        self._index.set_file_size(name, start + parsed.length)
+        self._index.set_file_size(name, start + parsed.length, mtime=stat.st_mtime_ns)
         log.info("indexed %d message(s) from %s (bytes %d..%d)", added, name, start,
                  start + parsed.length)
         return limit is None or not parsed.length or start + parsed.length >= size

@@ -68,6 +68,7 @@ class Written(NamedTuple):
     start: int                                    # file size before the write
     end: int                                      # file size after it
     entries: list[tuple[int, MessageRecord]]      # (offset, record) in file order
+    mtime: int                                    # its modification time after (ns)
 
 
 @dataclass(eq=False)
@@ -175,7 +176,8 @@ def _write_group(files: list[_Pending], tails: Tails) -> list[Written]:
                 tails.forget(pending.path)
                 _fail(pending, error)
             else:
-                synced.append(Written(pending.name, size, end, pending.entries))
+                synced.append(Written(pending.name, size, end, pending.entries,
+                                      _modified(fd)))
     new = {pending.path.parent for pending, _, size, _ in done if size == 0}
     for directory in sorted(new):
         try:
@@ -185,6 +187,14 @@ def _write_group(files: list[_Pending], tails: Tails) -> list[Written]:
                 if pending.path.parent == directory:
                     _fail(pending, error)
     return synced
+
+
+def _modified(fd: int) -> int:
+    """The modification time (ns) of the open file FD (0: unknown)."""
+    try:
+        return os.fstat(fd).st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _opened(path: Path, stack: ExitStack) -> int:
