@@ -18,7 +18,8 @@ when and by whom they were said: `[recalled from telegram:-1001, 2026-11-02, use
 Ranking: each owner's messages are scored with that owner's own word
 statistics (see `opencortex.memory.partitions`).  A date expression in the
 question ("last week", "in March", "2026-03-14") searches that period first;
-"now" / "currently" put newer matches ahead (a fact that changed).  A word
+"now" / "currently" put newer matches ahead (a fact that changed), and "now"
+ranks the matches that say it too ("I'm working as a nurse now").  A word
 that names a sender in scope ("What did Caroline give?") also searches what
 that person said for the other words, and those hits lead (two for each
 other): in a chat a name in the text mostly greets the person addressed ("Bye
@@ -53,7 +54,7 @@ from opencortex.conversation.fusion import Ranked, fuse
 from opencortex.conversation.recalldates import DateHint, date_hint
 from opencortex.conversation.recallorder import mix_named, newer_first
 from opencortex.conversation.recallwords import (QUESTION_MARKS, asks, is_question,
-                                                  searched_words)
+                                                  present_words, searched_words)
 from opencortex.conversation.recallexplain import explain
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
@@ -237,6 +238,7 @@ class Recall:
                 hint.window, limit=k, exclude_ids=exclude_ids, **where)
             return [Ranked(hit, rank, None, None) for rank, hit in enumerate(said, 1)], hint
         named, rest = self._named(words, where)
+        present = present_words(hint.text)
         asking = is_question(query)
         search = partial(self.archive.search, exclude_ids=exclude_ids, snippets=snippets,
                          distinct=True, **where)
@@ -246,10 +248,13 @@ class Recall:
             Asked about, what a named person said is worth recalling even when every
             word is very common: then their newest matches (see `RankedSearch.search`);
             a remark ("thanks Bob") recalls nothing then, as any other.  A match of
-            the names alone is none: it mostly greets them ("Bye Caroline!")."""
+            the names alone is none: it mostly greets them ("Bye Caroline!"); nor is
+            one of the PRESENT words alone ("now"): they only rank."""
             said_options = {**options, "informative_only": False} if asking else options
-            said = search(rest, senders=named, **said_options) if named else []
-            return said, search(words, required=rest if named else "", **options)
+            said = search(f"{rest} {present}", senders=named, required=rest if present
+                          else "", **said_options) if named else []
+            needed = rest if named or present else ""
+            return said, search(f"{words} {present}", required=needed, **options)
         if hint.window is None and not hint.recent and self.dense is None:
             # Then the K best are the first K of the candidates, and only those are read,
             # unless copies or hits outside the scope leave fewer than K of them.
