@@ -150,3 +150,50 @@ def test_in_a_private_chat_the_exports_ids_are_not_the_bots(archive, tmp_path):
         assert (report.added, report.duplicates) == (1, 0)
         imported = archive.read_thread(thread)[-1]
         assert imported.text == "what I saw as 7" and PLATFORM_ID not in imported.extra
+
+
+# -- messages that cannot be read --------------------------------------------------------
+
+def test_bad_messages_are_skipped_and_reported_and_the_rest_imported(home, tmp_path):
+    """A bad value in one message (a date that is no date, a text of another type, a
+    message that is no object, an id that is no number) must not stop the import: the
+    message is skipped and reported by its position, the good ones after it imported,
+    and importing the file again adds nothing."""
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+    bad = [tg(3, "x", date_unixtime="soon"),
+           {key: value for key, value in tg(4, "x", date="last week").items()
+            if key != "date_unixtime"},
+           tg(5, {"not": "text"}), tg(6, [7]), ["not", "an", "object"], {**tg(8, "x"), "id": "8"},
+           tg(9, "x", date_unixtime=None)]
+    good = [tg(n, f"good {n}") for n in (1, 2, 10, 11)]
+    source = tmp_path / "result.json"
+    source.write_text(json.dumps(export(*good[:2], *bad, *good[2:]), indent=1))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "opencortex", "memory", "import",
+                               str(source), *args], capture_output=True, text=True,
+                              timeout=120, env=cli_env(home))
+
+    first = run()
+    assert first.returncode == 1 and "Traceback" not in first.stderr
+    assert f"imported 4 messages from {source} (telegram)" in first.stdout
+    for expected in ["skipped message 3 (id 3): timestamp is not ISO 8601",
+                     "skipped message 4 (id 4): timestamp is not ISO 8601",
+                     "skipped message 5 (id 5): text must be text",
+                     "skipped message 6 (id 6): a text piece is neither",
+                     "skipped message 7: not a JSON object",
+                     "skipped message 8: id must be a whole number",
+                     "skipped message 9 (id 9): timestamp must be",
+                     "skipped 7 unreadable lines or messages"]:
+        assert expected in first.stderr
+    assert "import stopped" not in first.stderr and "soon" not in first.stderr
+    with Archive(home / "memory") as archive:
+        assert [r.text for r in archive.read_thread(GROUP)] == [
+            "good 1", "good 2", "good 10", "good 11"]
+    again = json.loads(run("--json").stdout)
+    assert (again["added"], again["duplicates"], again["skipped"], again["stopped"]) == (
+        0, 4, 7, None)
+    assert len(again["problems"]) == 7

@@ -56,3 +56,27 @@ def test_what_a_person_said_on_a_day_is_what_they_said_not_greetings_to_them(arc
         hits, _ = recall.hits(EMACS, question, k=2)
         assert [hit.sender for hit in hits] == [person, person], question
         assert all(hit.timestamp < day + DAY for hit in hits)
+
+
+def test_now_ranks_the_statement_that_says_now_above_shorter_ones_never_alone(archive):
+    """"Where does Rosa work now?" recalled her remarks about work ("someone at work
+    said Porto is expensive", shorter, some newer) before "I'm working as a carpenter
+    at Castellan now": "now" was a function word, not matched."""
+    start = time.time() - 300 * DAY
+    cities = ["Porto", "Lisbon", "Glasgow", "Bergen", "Utrecht", "Leipzig"]
+
+    def rosa(text: str, day: float) -> object:
+        return say(text, CLI, sender="Rosa", timestamp=start + day * DAY)
+    records = archive.append(
+        [rosa("Tobias, I started working as a nurse at Brightwell this month", 0)] +
+        [rosa(f"Tobias, someone at work said {city} is expensive", 10 + 40 * n)
+         for n, city in enumerate(cities)] +
+        [rosa("Big news Tobias: I switched jobs, I'm working as a carpenter at Castellan "
+              "now", 150), rosa("gotta go now Tobias", 290), rosa("right now? sure", 291)])
+    recall = Recall(archive, {})
+    recalled = recall.recall(EMACS, "Where does Rosa work now?", k=3)
+    assert recalled[0].id == records[7].id
+    assert not {records[8].id, records[9].id} & {e.id for e in recall.recall(
+        EMACS, "Where does Rosa work now?", k=10)}          # "now" alone matches nothing
+    assert "and those saying 'now' ranked higher" in recall.explain(
+        EMACS, "Where does Rosa work now?")

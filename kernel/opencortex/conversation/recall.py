@@ -18,11 +18,13 @@ when and by whom they were said: `[recalled from telegram:-1001, 2026-11-02, use
 Ranking: each owner's messages are scored with that owner's own word
 statistics (see `opencortex.memory.partitions`).  A date expression in the
 question ("last week", "in March", "2026-03-14") searches that period first;
-"now" / "currently" put newer matches ahead (a fact that changed).  A word
+"now" / "currently" put newer matches ahead (a fact that changed), and "now"
+ranks the matches that say it too ("I'm working as a nurse now").  A word
 that names a sender in scope ("What did Caroline give?") also searches what
 that person said for the other words, and those hits lead (two for each
 other): in a chat a name in the text mostly greets the person addressed ("Bye
-Caroline!"), and the one asked about is the one who said it; with a period named
+Caroline!"), and the one asked about is the one who said it, so a message that
+matches the name alone is not recalled; with a period named
 and none of the other words said by them then, what they said in it leads.  A text repeated
 word for word (small talk) is recalled once.  A hit that is a question brings
 the reply after it, and a reply the question before it ("next to a recalled
@@ -37,7 +39,6 @@ Without one, recall is lexical and nothing of it is loaded.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -51,8 +52,9 @@ from opencortex.conversation.delivery import as_seen
 from opencortex.conversation.entries import Entry
 from opencortex.conversation.fusion import Ranked, fuse
 from opencortex.conversation.recalldates import DateHint, date_hint
+from opencortex.conversation.recallorder import mix_named, newer_first
 from opencortex.conversation.recallwords import (QUESTION_MARKS, asks, is_question,
-                                                  searched_words)
+                                                  present_words, searched_words)
 from opencortex.conversation.recallexplain import explain
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
@@ -73,8 +75,6 @@ RECHECK_NS = 100_000_000       # while they are that recent, read the thread lis
                                # and the directories are looked at (for other processes'
                                # new threads) at most this often
 CANDIDATES = 4                 # recall ranks this many times K matches before keeping K
-RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
-SAID_PER_OTHER = 2             # hits of what a named person said per other hit, in turn
 SAID_READ = 8                  # a period's messages read per one kept of a named person's
 
 def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
@@ -238,6 +238,7 @@ class Recall:
                 hint.window, limit=k, exclude_ids=exclude_ids, **where)
             return [Ranked(hit, rank, None, None) for rank, hit in enumerate(said, 1)], hint
         named, rest = self._named(words, where)
+        present = present_words(hint.text)
         asking = is_question(query)
         search = partial(self.archive.search, exclude_ids=exclude_ids, snippets=snippets,
                          distinct=True, **where)
@@ -246,16 +247,20 @@ class Recall:
             """What the people named said, and every match (both ranked by OPTIONS).
             Asked about, what a named person said is worth recalling even when every
             word is very common: then their newest matches (see `RankedSearch.search`);
-            a remark ("thanks Bob") recalls nothing then, as any other."""
+            a remark ("thanks Bob") recalls nothing then, as any other.  A match of
+            the names alone is none: it mostly greets them ("Bye Caroline!"); nor is
+            one of the PRESENT words alone ("now"): they only rank."""
             said_options = {**options, "informative_only": False} if asking else options
-            said = search(rest, senders=named, **said_options) if named else []
-            return said, search(words, **options)
+            said = search(f"{rest} {present}", senders=named, required=rest if present
+                          else "", **said_options) if named else []
+            needed = rest if named or present else ""
+            return said, search(f"{words} {present}", required=needed, **options)
         if hint.window is None and not hint.recent and self.dense is None:
             # Then the K best are the first K of the candidates, and only those are read,
             # unless copies or hits outside the scope leave fewer than K of them.
             said, general = tiers(limit=k, candidates=CANDIDATES * k,
                                   informative_only=informative_only)
-            kept = self._kept(thread, allowed, _mix(said, general), hint, query, exclude_ids)
+            kept = self._kept(thread, allowed, mix_named(said, general), hint, query, exclude_ids)
             if len(kept) >= k or (len(said) < k and len(general) < k):
                 return kept[:k], hint
         found: list[SearchHit] = []
@@ -264,13 +269,13 @@ class Recall:
             if not said:                  # none of the other words: what they said then
                 said = self._said_by(named or self.archive.speakers(words, **where),
                                      hint.window, 2 * k, exclude_ids, where)
-            found += _mix(said, general) or \
+            found += mix_named(said, general) or \
                 self.archive.said_within(hint.window, limit=k, exclude_ids=exclude_ids,
                                          **where)   # no word matches: what was said then
         said, general = tiers(limit=CANDIDATES * k, informative_only=informative_only)
         if hint.recent:
-            said, general = _newer_first(said), _newer_first(general)
-        found += _mix(said, general)
+            said, general = newer_first(said), newer_first(general)
+        found += mix_named(said, general)
         return self._kept(thread, allowed, found, hint, query, exclude_ids)[:k], hint
 
     def _scope_of(self, thread: Thread) -> tuple[set[str], dict]:
@@ -342,7 +347,7 @@ class Recall:
                                 window=hint.window)
         if found is None or not hint.recent:
             return found
-        return _newer_first(found)
+        return newer_first(found)
 
     def explain(self, thread: Thread, query: str, *, k: int = 10) -> str:
         """What recall brings for QUERY and why, for /recall (see `recallexplain`)."""
@@ -378,24 +383,3 @@ def _partner(hit: SearchHit, before: MessageRecord | None, after: MessageRecord 
     if before is not None and asks(before.text) and (before.role, before.sender) != speaker:
         return before
     return None
-
-
-def _newer_first(hits: list[SearchHit]) -> list[SearchHit]:
-    """HITS re-ranked with a bonus for being newer (up to RECENCY_WEIGHT of the score)."""
-    if len(hits) < 2:
-        return hits
-    oldest = min(hit.timestamp for hit in hits)
-    span = max(hit.timestamp for hit in hits) - oldest or 1.0
-    return sorted(hits, key=lambda hit: -hit.score * (
-        1 + RECENCY_WEIGHT * (hit.timestamp - oldest) / span))
-
-
-def _mix(said: list[SearchHit], general: list[SearchHit]) -> list[SearchHit]:
-    """SAID (what the people named said) two at a time, then one of GENERAL, in their
-    orders: what they said leads, and a question that names the wrong person still
-    finds what was said near the top."""
-    mixed, rest = [], iter(general)
-    for start in range(0, len(said), SAID_PER_OTHER):
-        mixed += said[start:start + SAID_PER_OTHER]
-        mixed += itertools.islice(rest, 1)
-    return mixed + list(rest)

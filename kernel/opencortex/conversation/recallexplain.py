@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from opencortex.conversation.delivery import as_seen
 from opencortex.conversation.fusion import Ranked
-from opencortex.conversation.recallwords import searched_words
+from opencortex.conversation.recallwords import present_words, searched_words
 from opencortex.events import Thread
 from opencortex.memory import MessageRecord
 from opencortex.memory.query import query_text
@@ -44,7 +44,9 @@ def explain(recall: Recall, thread: Thread, query: str, *, k: int = 10) -> str:
                       (hint.window[0], hint.window[1] - 1))
         lines.append(f"dates: {start} to {end} (\"{hint.label}\"), searched first")
     if hint.recent:
-        lines.append("asks about the present: newer matches ranked higher")
+        present = present_words(hint.text)
+        lines.append("asks about the present: newer matches" + (
+            f" and those saying {present!r}" if present else "") + " ranked higher")
     number_of = {}
     beside = recall.beside([item.hit for item in ranked])
     gone = recall.archive.undelivered([item.hit.id for item in ranked] +

@@ -10,6 +10,9 @@ naming both; numbers ("10:30"), function words ("and/or") and a link's scheme
 ("https:") are no parts worth matching.  A text asks something when it
 ends with a question mark, whatever script or emoji follows, or a sentence near
 its end does (`asks`), or it opens with a question word (`is_question`).
+"Now" is a function word, but in a question it asks for the present state, and
+a statement of it often says so too ("I'm working as a nurse now"): it ranks
+the matches of the other words, never matching alone (`present_words`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ our ours out over own please same she should so some such than that the their th
 them then there these they this those through to too under until up very was we were
 what when where which while who whom why will with would you your yours
 """.split())
+_PRESENT = frozenset({"now"})   # function words asking for the present: they rank
 _JOINED = re.compile(r"[:/]")
 _LINK_WORDS = frozenset("http https ftp file mailto www".split())
 MAX_PARTS = 4                # parts of one joined word searched, at most (the last ones)
@@ -69,6 +73,13 @@ def searched_words(question: str, undated: str) -> str:
     """The words recall searches for QUESTION, UNDATED being it without its date
     expression: UNDATED's when anything is left of it, else the question's."""
     return recall_query(undated if undated.strip() else question)
+
+
+def present_words(question: str) -> str:
+    """The function words of QUESTION that ask for the present state ("now"; "" when
+    none): recall ranks the matches of its other words by them too."""
+    found = (bare_word(word).casefold() for word in question.split())
+    return " ".join(dict.fromkeys(word for word in found if word in _PRESENT))
 
 
 def asks(text: str) -> bool:

@@ -38,7 +38,7 @@ class ArchiveQueries:
                snippets: bool = True, candidates: int | None = None,
                owners: Collection[str] | None = None,
                informative_only: bool = False, senders: Collection[str] = (),
-               distinct: bool = False) -> list[SearchHit]:
+               distinct: bool = False, required: str = "") -> list[SearchHit]:
         """Messages matching the words of QUERY, best first (BM25).
 
         Any word matches (OR); at most 1000 hits.  Scores are -bm25: higher is
@@ -54,6 +54,7 @@ class ArchiveQueries:
         INFORMATIVE_ONLY: nothing when every word is very common (instead of the newest
         matches of those words).  SENDERS: only messages whose sender holds one of
         these words (see `speakers`).  DISTINCT: each text once (bar case and spacing).
+        REQUIRED: only messages holding one of these words too (see `MessageIndex.search`).
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be text, not {type(query).__name__}")
@@ -69,7 +70,7 @@ class ArchiveQueries:
             return index.search(query, scope, limit, exclude_ids, window, snippets=snippets,
                                 candidates=candidates, owners=owners,
                                 informative_only=informative_only, senders=senders,
-                                distinct=distinct)
+                                distinct=distinct, required=required)
 
     def said_within(self, window: tuple[float, float], *, limit: int = 10,
                     threads: Sequence[Thread] | None = None,

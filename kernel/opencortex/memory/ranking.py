@@ -55,14 +55,16 @@ class RankedSearch:
                snippets: bool = True, candidates: int | None = None,
                owners: Collection[str] | None = None,
                informative_only: bool = False, senders: Collection[str] = (),
-               distinct: bool = False) -> list[SearchHit]:
+               distinct: bool = False, required: str = "") -> list[SearchHit]:
         """Best BM25 matches for the words of QUERY (any word), optionally only in THREADS
         or only in the tables of OWNERS (partitions: see `partitions`), only said
         within WINDOW (start, end epoch seconds, end excluded), and only sent by
         someone whose sender holds one of the words SENDERS (see `speakers`); with
         CANDIDATES (>= LIMIT), the first LIMIT of a search for that many.  DISTINCT:
         a text already returned (bar case and spacing) is passed over, so repeated
-        small talk does not fill the hits.
+        small talk does not fill the hits.  REQUIRED: only messages that hold one of
+        its words as well (QUERY's other words then only rank them): "Caroline work"
+        requiring "work" passes over the messages that merely greet Caroline.
 
         A search by OWNERS costs the same however many threads they have; one by
         THREADS looks at each thread (and filters by thread unless they fill
@@ -106,9 +108,13 @@ class RankedSearch:
         read = max(limit, candidates or limit) * (DISTINCT_READS if distinct else 1)
         wanted = (limit, read + len(exclude))                 # kept, read
         by = [] if not senders else query_phrases(" ".join(senders))
+        needed = [] if not required.strip() else query_phrases(
+            required, verb_forms=self._parts.tokenizer in ENGLISH, stem=self._parts.stem)
+        if required.strip() and not needed:
+            return []
         for table, tokens in self._where(scope, owners):
             found += self._search_table(table, tokens, phrases, wanted, window, returnable,
-                                        informative_only, by)
+                                        informative_only, by, needed)
         found.sort(key=lambda item: item[0])
         kept = found[:limit]
         marked = self._snippets(kept) if snippets else {}
@@ -198,15 +204,23 @@ class RankedSearch:
     def _search_table(self, table: str, tokens: list[str] | None, phrases: list[str],
                       wanted: tuple[int, int], window: tuple[float, float] | None,
                       returnable: Callable[[tuple], bool], informative_only: bool = False,
-                      senders: list[str] | None = None) -> list[tuple[tuple, tuple, str, str]]:
+                      senders: list[str] | None = None, required: list[str] | None = None
+                      ) -> list[tuple[tuple, tuple, str, str]]:
         """Ranked (or, failing that, newest) matches in one owner's TABLE: the first
         WANTED[0] RETURNABLE ones among the first WANTED[1] matches; none with
         INFORMATIVE_ONLY when every phrase is very common there.  SENDERS: phrases
-        one of which the sender must hold."""
+        one of which the sender must hold; REQUIRED: phrases one of which the text must
+        hold (none found there: no match; the rarest of them while they are rare)."""
         rare = self._rarest(table, phrases)
         if not rare and informative_only:
             return []
         words = f"{TEXT}:({' OR '.join(rare or phrases)})"
+        if required:
+            needed = self._rarest(table, required)
+            if not needed and (informative_only or not any(
+                    self._frequency(table, phrase) for phrase in required)):
+                return []
+            words += f" AND {TEXT}:({' OR '.join(needed or required)})"
         match = words if tokens is None else f"thread:({' OR '.join(tokens)}) AND {words}"
         if senders:
             match += f" AND sender:({' OR '.join(senders)})"
