@@ -4,7 +4,9 @@ no answer (issue 13, "greetings fill the hits when only a name matches")."""
 from __future__ import annotations
 
 from opencortex.conversation.recall import Recall
+from opencortex.conversation.recallorder import reranked
 from opencortex.events import Thread
+from opencortex.memory import SearchHit
 
 from test_recall import archive, say  # noqa: F401  (archive: a fixture)
 
@@ -53,3 +55,38 @@ def test_a_name_alone_is_still_searched_as_a_word(archive):
     """With no other word to match, the name is the question: its messages come."""
     caroline_and_melanie(archive)
     assert Recall(archive, {}).recall(EMACS, "Caroline?", k=3)
+
+
+def test_of_statements_alike_the_one_naming_the_person_asked_about_leads(archive):
+    """A name in most of an owner's messages weighs ~nothing in BM25: "Did you hear Dev
+    broke an arm?" (shorter) ranked above "... Rosa broke an arm ..." for "What did Rosa
+    break?".  Naming the person asked about breaks the tie."""
+    turns = []
+    for n in range(60):
+        greeting = GREETINGS[n % len(GREETINGS)].replace("Caroline", "Rosa")
+        turns += [("Tobias", f"{greeting} {n}"),
+                  ("Rosa", f"the bus was late again today {n}")]
+    records = chat(archive, turns + [
+        ("Tobias", "Did you hear Dev broke an arm?"),
+        ("Tobias", "Did you hear Ann broke an arm?"),
+        ("Tobias", "Did you hear Rosa broke an arm skiing?")])
+    recall = Recall(archive, {})
+    assert recall.named(EMACS, "What did Rosa break?") == ["Rosa"]
+    assert [entry.id for entry in recall.recall(EMACS, "What did Rosa break?", k=1)] == \
+        [records[-1].id]
+
+
+def test_the_bonus_for_naming_the_person_asked_about_is_bounded():
+    """It breaks ties, and a clearly better match of the other words still leads;
+    the sender counts as named, case and diacritics aside."""
+    def hit(n, text, score, sender="Tobias"):
+        return SearchHit(id=str(n), role="user", text=text, channel="cli", chat_id="local",
+                         sender=sender, timestamp=1_700_000_000.0 + n, score=score, snippet="")
+    close = [hit(1, "Dev broke an arm", 1.0), hit(2, "José broke an arm", 0.9)]
+    assert [h.id for h in reranked(close, ["jose"])] == ["2", "1"]
+    assert [h.id for h in reranked(close, ["Dev"])] == ["1", "2"]
+    by = [hit(1, "an arm broke", 1.0), hit(2, "broke an arm", 0.9, sender="Rosa")]
+    assert [h.id for h in reranked(by, ["Rosa"])] == ["2", "1"]
+    far = [hit(1, "Dev broke an arm", 1.0), hit(2, "José broke a leg", 0.7)]
+    assert [h.id for h in reranked(far, ["José"])] == ["1", "2"]
+    assert reranked(far, []) == far

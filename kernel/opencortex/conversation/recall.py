@@ -25,7 +25,9 @@ that person said for the other words, and those hits lead (two for each
 other): in a chat a name in the text mostly greets the person addressed ("Bye
 Caroline!"), and the one asked about is the one who said it, so a message that
 matches the name alone is not recalled; with a period named
-and none of the other words said by them then, what they said in it leads.  A text repeated
+and none of the other words said by them then, what they said in it leads.  Of
+the other matches, one naming them (or sent by them) counts a bounded bonus more:
+a name in most messages weighs ~nothing in BM25 (see `recallorder`).  A text repeated
 word for word (small talk) is recalled once.  A hit that is a question brings
 the reply after it, and a reply the question before it ("next to a recalled
 message"), after the K best.  `explain` says what was recalled and why, for
@@ -52,7 +54,7 @@ from opencortex.conversation.delivery import as_seen
 from opencortex.conversation.entries import Entry
 from opencortex.conversation.fusion import Ranked, fuse
 from opencortex.conversation.recalldates import DateHint, date_hint
-from opencortex.conversation.recallorder import mix_named, newer_first
+from opencortex.conversation.recallorder import mix_named, newer_first, reranked
 from opencortex.conversation.recallwords import (QUESTION_MARKS, asks, is_question,
                                                   present_words, searched_words)
 from opencortex.conversation.recallexplain import explain
@@ -243,8 +245,10 @@ class Recall:
         search = partial(self.archive.search, exclude_ids=exclude_ids, snippets=snippets,
                          distinct=True, **where)
 
-        def tiers(**options) -> tuple[list[SearchHit], list[SearchHit]]:
-            """What the people named said, and every match (both ranked by OPTIONS).
+        def tiers(limit: int, wider: int = 0, recent: bool = False, **options
+                  ) -> tuple[list[SearchHit], list[SearchHit]]:
+            """What the people named said (LIMIT), and every match (WIDER when someone
+            is named: see `reranked`), both ranked by OPTIONS, newer first if RECENT.
             Asked about, what a named person said is worth recalling even when every
             word is very common: then their newest matches (see `RankedSearch.search`);
             a remark ("thanks Bob") recalls nothing then, as any other.  A match of
@@ -252,29 +256,32 @@ class Recall:
             one of the PRESENT words alone ("now"): they only rank."""
             said_options = {**options, "informative_only": False} if asking else options
             said = search(f"{rest} {present}", senders=named, required=rest if present
-                          else "", **said_options) if named else []
+                          else "", limit=limit, **said_options) if named else []
             needed = rest if named or present else ""
-            return said, search(f"{words} {present}", required=needed, **options)
+            general = search(f"{words} {present}", required=needed,
+                             limit=max(limit, wider) if named else limit, **options)
+            return (newer_first(said) if recent else said,
+                    reranked(general, named, recent=recent))
         if hint.window is None and not hint.recent and self.dense is None:
-            # Then the K best are the first K of the candidates, and only those are read,
-            # unless copies or hits outside the scope leave fewer than K of them.
-            said, general = tiers(limit=k, candidates=CANDIDATES * k,
+            # Then the K best are the first K of the candidates, and only those are read
+            # (all of them when someone is named: they are re-ranked), unless copies or
+            # hits outside the scope leave fewer than K of them.
+            said, general = tiers(k, wider=CANDIDATES * k, candidates=CANDIDATES * k,
                                   informative_only=informative_only)
             kept = self._kept(thread, allowed, mix_named(said, general), hint, query, exclude_ids)
             if len(kept) >= k or (len(said) < k and len(general) < k):
                 return kept[:k], hint
         found: list[SearchHit] = []
         if hint.window is not None:       # a period named is searched either way; when
-            said, general = tiers(limit=2 * k, window=hint.window)
+            said, general = tiers(2 * k, window=hint.window)
             if not said:                  # none of the other words: what they said then
                 said = self._said_by(named or self.archive.speakers(words, **where),
                                      hint.window, 2 * k, exclude_ids, where)
             found += mix_named(said, general) or \
                 self.archive.said_within(hint.window, limit=k, exclude_ids=exclude_ids,
                                          **where)   # no word matches: what was said then
-        said, general = tiers(limit=CANDIDATES * k, informative_only=informative_only)
-        if hint.recent:
-            said, general = newer_first(said), newer_first(general)
+        said, general = tiers(CANDIDATES * k, recent=hint.recent,
+                              informative_only=informative_only)
         found += mix_named(said, general)
         return self._kept(thread, allowed, found, hint, query, exclude_ids)[:k], hint
 

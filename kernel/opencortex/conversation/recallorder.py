@@ -1,24 +1,70 @@
-"""The order of recall's lexical hits: a bonus for being newer, and what the people a
-question names said leading the other matches."""
+"""The order of recall's lexical hits: bounded bonuses for being newer and for naming
+the person asked about, and what the people a question names said leading the other
+matches.
+
+A name that is in many of an owner's messages weighs ~nothing in BM25 (and a very
+common one is not ranked at all), so among statements alike but for whom they are
+about ("Did you hear Rosa broke an arm?", "Did you hear Dev broke an arm?") the
+ranking cannot tell which one a question about Rosa asks for.  The matches of the
+other words are read a few times K (see `recall.CANDIDATES`) and one whose text
+names a person the question names, or that person sent, counts up to NAME_WEIGHT
+more: a tie goes to it, a clearly better match of the other words still leads.
+It is computed on the texts already read (no further search)."""
 
 from __future__ import annotations
 
 import itertools
+import re
+from collections.abc import Sequence
 
 from opencortex.memory import SearchHit
+from opencortex.memory.rows import who
+from opencortex.memory.senders import folded_words
 
 RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
+NAME_WEIGHT = 0.25             # a hit naming (or sent by) a person asked about: this much more
 SAID_PER_OTHER = 2             # hits of what a named person said per other hit, in turn
+
+_WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> set[str]:
+    """The words of TEXT as `folded_words` gives them (texts are not kept in its cache;
+    an ASCII text has no diacritics to fold: the quick way)."""
+    folded = text.casefold()
+    return set(_WORD.findall(folded)) if folded.isascii() else \
+        set(folded_words.__wrapped__(text))
 
 
 def newer_first(hits: list[SearchHit]) -> list[SearchHit]:
     """HITS re-ranked with a bonus for being newer (up to RECENCY_WEIGHT of the score)."""
-    if len(hits) < 2:
+    return reranked(hits, recent=True)
+
+
+def reranked(hits: list[SearchHit], names: Sequence[str] = (), *,
+             recent: bool = False) -> list[SearchHit]:
+    """HITS re-ranked with bounded bonuses: NAME_WEIGHT of the score for naming one of
+    NAMES (words of the question that name a sender) in the text or the sender, and
+    with RECENT up to RECENCY_WEIGHT for being newer (the newest the most)."""
+    if len(hits) < 2 or not (names or recent):
         return hits
+    people = [_words(name) for name in names]
+    people = [person for person in people if person]
     oldest = min(hit.timestamp for hit in hits)
     span = max(hit.timestamp for hit in hits) - oldest or 1.0
-    return sorted(hits, key=lambda hit: -hit.score * (
-        1 + RECENCY_WEIGHT * (hit.timestamp - oldest) / span))
+
+    def names_one(hit: SearchHit) -> bool:
+        if not people:
+            return False
+        words = _words(hit.text) | _words(who(hit.sender, hit.extra))
+        return any(person <= words for person in people)
+
+    def weight(hit: SearchHit) -> float:
+        bonus = 1 + NAME_WEIGHT if names_one(hit) else 1.0
+        if recent:
+            bonus *= 1 + RECENCY_WEIGHT * (hit.timestamp - oldest) / span
+        return hit.score * bonus
+    return sorted(hits, key=lambda hit: -weight(hit))
 
 
 def mix_named(said: list[SearchHit], general: list[SearchHit]) -> list[SearchHit]:
