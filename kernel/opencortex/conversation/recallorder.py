@@ -14,27 +14,15 @@ It is computed on the texts already read (no further search)."""
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Sequence
 
 from opencortex.memory import SearchHit
 from opencortex.memory.rows import who
-from opencortex.memory.senders import folded_words
+from opencortex.memory.senders import fold_words
 
 RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
 NAME_WEIGHT = 0.25             # a hit naming (or sent by) a person asked about: this much more
 SAID_PER_OTHER = 2             # hits of what a named person said per other hit, in turn
-
-_WORD = re.compile(r"\w+")
-
-
-def _words(text: str) -> set[str]:
-    """The words of TEXT as `folded_words` gives them (texts are not kept in its cache;
-    an ASCII text has no diacritics to fold: the quick way)."""
-    folded = text.casefold()
-    return set(_WORD.findall(folded)) if folded.isascii() else \
-        set(folded_words.__wrapped__(text))
-
 
 def newer_first(hits: list[SearchHit]) -> list[SearchHit]:
     """HITS re-ranked with a bonus for being newer (up to RECENCY_WEIGHT of the score)."""
@@ -48,7 +36,7 @@ def reranked(hits: list[SearchHit], names: Sequence[str] = (), *,
     with RECENT up to RECENCY_WEIGHT for being newer (the newest the most)."""
     if len(hits) < 2 or not (names or recent):
         return hits
-    people = [_words(name) for name in names]
+    people = [set(fold_words(name)) for name in names]
     people = [person for person in people if person]
     oldest = min(hit.timestamp for hit in hits)
     span = max(hit.timestamp for hit in hits) - oldest or 1.0
@@ -56,7 +44,7 @@ def reranked(hits: list[SearchHit], names: Sequence[str] = (), *,
     def names_one(hit: SearchHit) -> bool:
         if not people:
             return False
-        words = _words(hit.text) | _words(who(hit.sender, hit.extra))
+        words = {*fold_words(hit.text), *fold_words(who(hit.sender, hit.extra))}
         return any(person <= words for person in people)
 
     def weight(hit: SearchHit) -> float:

@@ -22,13 +22,18 @@ SENDERS_TTL = 1.0           # seconds another process's new senders may go unnot
 _WORD = re.compile(r"\w+")
 
 
-@functools.lru_cache(maxsize=4096)
-def folded_words(text: str) -> tuple[str, ...]:
+def fold_words(text: str) -> tuple[str, ...]:
     """The words of TEXT as the tokenizers compare them: case and diacritics folded
     ("José" -> "jose"; "@alice:example.org" -> alice, example, org)."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    folded = text.casefold()
+    if folded.isascii():                    # nothing to decompose: the quick way
+        return tuple(_WORD.findall(folded))
+    decomposed = unicodedata.normalize("NFKD", folded)
     return tuple(_WORD.findall("".join(c for c in decomposed
                                        if not unicodedata.combining(c))))
+
+
+folded_words = functools.lru_cache(maxsize=4096)(fold_words)   # names: few, asked often
 
 
 def table_number(table: str) -> int:
