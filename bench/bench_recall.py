@@ -10,7 +10,8 @@ owner (Emacs and terminal) and the rest to Telegram users and groups.  Queries
 are chat-like sentences (function words, a few common and a few rare words).
 
 Figures: p50 / p95 / max of `Recall.recall` (k=5) for the local owner and for a
-single Telegram user (targets: p95 <= 10 ms at 100k, <= 50 ms at 1M), and of an
+single Telegram user (targets: p95 <= 10 ms at 100k, <= 50 ms at 1M), for the local
+owner asking about a period nothing was said in ("... last month"), and of an
 unscoped `Archive.search` with only very common words (the guarded case); and
 recall for one owner as the number of its threads grows (30, 1,000, 5,000 threads
 holding 20k messages): it should not grow with them.
@@ -89,6 +90,9 @@ def bench(size: int, count: int = 300) -> None:
                       timed(lambda q: recall.recall(THREADS[0], q, k=5), queries)))
         print(figures("recall, one Telegram user",
                       timed(lambda q: recall.recall(THREADS[40], q, k=5), queries)))
+        print(figures("recall, a period nothing was said in",   # all was said today
+                      timed(lambda q: recall.recall(THREADS[0], f"{q} last month", k=5),
+                            queries)))
         common = [" ".join(rng.sample(FUNCTION_WORDS, 3)) for _ in range(max(1, count // 3))]
         print(figures("search, function words only, all",
                       timed(lambda q: archive.search(q, limit=5), common)))

@@ -282,17 +282,21 @@ def test_a_file_only_touched_is_read_again_and_changes_nothing(home):
 
 def test_an_index_of_layout_5_is_upgraded_in_place_and_then_sees_same_size_edits(home):
     """Layout 5 had no modification times: they are added as unknown (the files are not
-    read again), and the next write of a file records its time."""
+    read again), and the next write of a file records its time; the index on time,
+    made then only for imports, is made."""
     with Archive(home) as archive:
         seqs = dict(archive._index._db.execute("SELECT id, seq FROM messages"))
     db = sqlite3.connect(home / "index.sqlite")
     db.execute("ALTER TABLE files DROP COLUMN mtime")
+    db.execute("DROP INDEX messages_in_time")       # layout 5 made it only for imports
     db.execute("PRAGMA user_version = 5")
     db.commit()
     db.close()
     with Archive(home) as archive:
         assert dict(archive._index._db.execute("SELECT id, seq FROM messages")) == seqs
         assert set(archive._index.file_times().values()) == {0}
+        assert archive._index._db.execute("SELECT 1 FROM sqlite_master WHERE name = "
+                                          "'messages_in_time'").fetchone()
         archive.append([say("one more question", THREAD)])
         assert archive._index.file_time("emacs/long.org") != 0
     edit(home, swap_letters)

@@ -320,21 +320,16 @@ class Archive(ArchiveQueries, IndexUpkeep):
 
     def bridged_span(self, thread: Thread) -> tuple[float, float, frozenset[str]] | None:
         """(first, last time, the senders of its people's messages) of what a bridge
-        archived of THREAD (None: nothing); then the index on time `bridged_between`
-        reads is made, when missing (once: it takes a while for a large index)."""
+        archived of THREAD (None: nothing)."""
         thread = check_thread(thread)
         with self._lock:
-            span = self._index.bridged_span(thread)
-            if span is not None:
-                self._index.ensure_time_index()
-            return span
+            return self._index.bridged_span(thread)
 
     def bridged_between(self, thread: Thread, start: float, end: float,
                         roles: tuple[str, ...], sender: str | None = None, *,
                         platform_ids: bool = True) -> list[tuple[str, str, str, float]]:
         """(id, role, text, time) of what a bridge archived of THREAD between START and
-        END, by ROLES (and SENDER); see `MessageIndex.said_between`.  Call
-        `bridged_span` first: it makes the index this reads."""
+        END, by ROLES (and SENDER); see `MessageIndex.said_between`."""
         with self._lock:
             return self._index.said_between(check_thread(thread), start, end, roles, sender,
                                             platform_ids=platform_ids)

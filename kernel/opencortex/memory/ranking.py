@@ -21,7 +21,7 @@ from opencortex.memory.partitions import (BM25_WEIGHTS, ENGLISH, TEXT, Partition
                                           thread_token)
 from opencortex.memory.query import fts_phrase, query_phrases, query_words
 from opencortex.memory.records import SearchHit
-from opencortex.memory.rows import (COLUMNS, NOT_CONTROL, columns_of, is_control,
+from opencortex.memory.rows import (COLUMNS, columns_of, is_control,
                                    record_fields, text_key)
 from opencortex.memory.senders import folded_words
 
@@ -48,6 +48,7 @@ class RankedSearch:
     _parts: Partitions
     _counts: dict[tuple[str, str], tuple[int, int]]   # (table, phrase) -> (found, size)
     _sizes: dict[str, tuple[int, float]]
+    _said_any_within: Callable[..., bool]          # see `timeline.ThreadTimeline`
 
     def search(self, query: str, threads: Collection[Thread] | None, limit: int,
                exclude_ids: Collection[str] = (),
@@ -89,6 +90,8 @@ class RankedSearch:
         if threads is not None and owners is not None:
             raise ValueError("search by threads or by owners, not both")
         scope = None if threads is None else {Thread(*thread) for thread in threads}
+        if window is not None and not self._said_any_within(window, scope, owners):
+            return []
         exclude = exclude_ids if isinstance(exclude_ids, AbstractSet) else set(exclude_ids)
         texts: set[str] = set()
 
@@ -148,30 +151,6 @@ class RankedSearch:
                     named.append(word)
                     break
         return named
-
-    def said_within(self, window: tuple[float, float], limit: int,
-                    threads: Collection[Thread] | None = None,
-                    owners: Collection[str] | None = None,
-                    exclude_ids: Collection[str] = ()) -> list[SearchHit]:
-        """The newest LIMIT messages of THREADS (or of OWNERS' threads) said within
-        WINDOW (start, end epoch seconds), whatever their words: "what did we talk
-        about yesterday" asks for those.  Control records are never returned."""
-        if owners is not None:
-            names = sorted(set(owners))
-            scope = (f"(m.channel, m.chat_id) IN (SELECT channel, chat_id FROM thread_parts "
-                     f"WHERE part IN ({', '.join('?' * len(names))}))")
-        else:
-            names = [value for thread in sorted(set(threads or ())) for value in thread]
-            scope = " OR ".join(["(m.channel = ? AND m.chat_id = ?)"] * (len(names) // 2))
-        if not names or limit <= 0:
-            return []
-        rows = self._db.execute(
-            f"SELECT {columns_of('m')} FROM messages m WHERE ({scope}) AND m.epoch >= ? "
-            f"AND m.epoch < ? AND {NOT_CONTROL} ORDER BY m.epoch DESC LIMIT ?",
-            (*names, *window, limit + len(exclude_ids))).fetchall()
-        hits = [SearchHit(**record_fields(row), score=0.0, snippet="", matched=[])
-                for row in rows]
-        return [hit for hit in hits if hit.id not in exclude_ids][:limit]
 
     def _sends_in(self, table: str, tokens: list[str], word: str) -> bool:
         """Whether a sender holding WORD has a message in the threads TOKENS of TABLE."""
