@@ -95,3 +95,13 @@ def test_a_period_nothing_was_said_in_is_not_searched_word_by_word(archive, monk
     hits, hint = Recall(archive, {}).hits(EMACS, "when does the harbour ferry leave last week?")
     assert hint.window is not None and hits and "harbour ferry" in hits[0].text
     assert windows and all(window is None for window in windows)
+
+
+def test_a_period_is_looked_for_in_any_number_of_threads(archive):
+    """Threads are given to SQLite as one JSON list: 20,000 of them (past SQLite's 32,766
+    parameters at two a thread) are no error."""
+    archive.append([say("the harbour ferry leaves at noon", CLI, timestamp=1000.0)])
+    threads = [CLI, *(Thread("emacs", f"chat{n}") for n in range(20_000))]
+    hits = archive.said_within((999.0, 1001.0), limit=5, threads=threads)
+    assert [hit.text for hit in hits] == ["the harbour ferry leaves at noon"]
+    assert archive.said_within((5000.0, 6000.0), limit=5, threads=threads) == []

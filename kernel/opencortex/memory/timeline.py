@@ -11,6 +11,7 @@ read through the index on (thread, time), TIME_INDEX.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Collection
 
@@ -20,6 +21,7 @@ from opencortex.memory.rows import (COLUMNS, IMPORTED, NOT_CONTROL, PLATFORM_ID,
                                     record_fields)
 
 TIME_INDEX = "messages_in_time"
+CHECKED_THREADS = 256   # threads `_said_any_within` looks at, at most (one seek each)
 # A conversation message as `conversation.branches.is_control` tells it: not a control record.
 CONVERSATION = f"(role != 'system' OR {NOT_CONTROL})"
 # Messages a bridge archived as they came: not brought in by `memory import`.
@@ -101,8 +103,9 @@ class ThreadTimeline:
         """Whether anything of THREADS (all: None), or of OWNERS' threads, was said within
         WINDOW: a seek per thread in the index on time.  (Searching a period nothing was
         said in otherwise ranks every match of the words only to keep none of them:
-        40 ms at 100k messages.)"""
-        if threads is None and owners is None:
+        40 ms at 100k messages.)  True without looking for all threads, or more than
+        CHECKED_THREADS: the look would cost more than it may save."""
+        if owners is None and (threads is None or len(threads) > CHECKED_THREADS):
             return True
         scope, names = _scope_sql(threads, owners)
         return bool(names) and self._db.execute(
@@ -118,5 +121,9 @@ def _scope_sql(threads: Collection[Thread] | None, owners: Collection[str] | Non
         names = sorted(set(owners))
         return (f"(m.channel, m.chat_id) IN (SELECT channel, chat_id FROM thread_parts "
                 f"WHERE part IN ({', '.join('?' * len(names))}))"), names
-    names = [value for thread in sorted(set(threads or ())) for value in thread]
-    return " OR ".join(["(m.channel = ? AND m.chat_id = ?)"] * (len(names) // 2)), names
+    listed = sorted({tuple(thread) for thread in threads or ()})
+    if not listed:
+        return "", []
+    return ("(m.channel, m.chat_id) IN (SELECT json_extract(value, '$[0]'), "
+            "json_extract(value, '$[1]') FROM json_each(?))",
+            [json.dumps(listed)])                  # one parameter, however many threads
