@@ -277,7 +277,7 @@ def test_a_file_only_touched_is_read_again_and_changes_nothing(home):
     os.utime(path, ns=(later, later))
     with Archive(home) as archive:
         assert index_of(archive) == before
-        assert archive._index.file_time("emacs/long.org") == later
+        assert archive._index.file_state("emacs/long.org")[1] == later
 
 
 def test_an_index_of_layout_5_is_upgraded_in_place_and_then_sees_same_size_edits(home):
@@ -294,11 +294,11 @@ def test_an_index_of_layout_5_is_upgraded_in_place_and_then_sees_same_size_edits
     db.close()
     with Archive(home) as archive:
         assert dict(archive._index._db.execute("SELECT id, seq FROM messages")) == seqs
-        assert set(archive._index.file_times().values()) == {0}
+        assert {mtime for _, mtime in archive._index.file_states().values()} == {0}
         assert archive._index._db.execute("SELECT 1 FROM sqlite_master WHERE name = "
                                           "'messages_in_time'").fetchone()
         archive.append([say("one more question", THREAD)])
-        assert archive._index.file_time("emacs/long.org") != 0
+        assert archive._index.file_state("emacs/long.org")[1] != 0
     edit(home, swap_letters)
     with Archive(home) as archive:
         assert "answer 12 the end" in [r.text for r in archive.thread_records(THREAD)]

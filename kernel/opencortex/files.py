@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 
 
-
 def write_all(fd: int, data: bytes) -> None:
     """Write all of DATA (os.write may write less than asked, e.g. on a full disk)."""
     view = memoryview(data)

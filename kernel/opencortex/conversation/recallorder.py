@@ -24,6 +24,7 @@ RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this
 NAME_WEIGHT = 0.25             # a hit naming (or sent by) a person asked about: this much more
 SAID_PER_OTHER = 2             # hits of what a named person said per other hit, in turn
 
+
 def newer_first(hits: list[SearchHit]) -> list[SearchHit]:
     """HITS re-ranked with a bonus for being newer (up to RECENCY_WEIGHT of the score)."""
     return reranked(hits, recent=True)

@@ -47,7 +47,7 @@ from opencortex.memory.records import MessageRecord
 from opencortex.memory.reread import KEY as REREAD_KEY, IndexRereads
 from opencortex.memory.rows import (AFTER_EACH, BEFORE_EACH, COLUMNS, UNDELIVERED,
                                    is_control, record_fields, row_values, who)
-from opencortex.memory.timeline import TIME_INDEX, ThreadTimeline
+from opencortex.memory.timeline import TIME_INDEX_SQL, ThreadTimeline
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ CREATE TABLE messages (
     extra TEXT NOT NULL, file TEXT NOT NULL, offset INTEGER NOT NULL);
 CREATE INDEX messages_in_thread ON messages (channel, chat_id, offset);
 CREATE INDEX messages_in_file ON messages (file);
-CREATE INDEX messages_in_time ON messages (channel, chat_id, epoch);
+{TIME_INDEX_SQL};
 CREATE TABLE files (path TEXT PRIMARY KEY, size INTEGER NOT NULL,
                     mtime INTEGER NOT NULL DEFAULT 0);
 {PARTS_TABLE};
@@ -166,8 +166,7 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if not force and (version == 5 or version == 4 and upgrade_from_4(db)):
                 db.execute("ALTER TABLE files ADD COLUMN mtime INTEGER NOT NULL DEFAULT 0")
-                db.execute(f"CREATE INDEX IF NOT EXISTS {TIME_INDEX} "
-                           "ON messages (channel, chat_id, epoch)")
+                db.execute(TIME_INDEX_SQL)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             elif force or version != SCHEMA_VERSION:
                 for table in fts_tables(db) + list(_TABLES):
@@ -317,20 +316,17 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
         """For each known org file, how many of its bytes are indexed."""
         return dict(self._db.execute("SELECT path, size FROM files"))
 
-    def file_times(self) -> dict[str, int]:
-        """For each known org file, its modification time (ns) when the index last agreed
-        with it (0: unknown, as after an upgrade)."""
-        return dict(self._db.execute("SELECT path, mtime FROM files"))
+    def file_states(self) -> dict[str, tuple[int, int]]:
+        """For each known org file, (how many of its bytes are indexed, its modification
+        time in ns when the index last agreed with it: 0 unknown, as after an upgrade)."""
+        return {path: (size, mtime) for path, size, mtime in
+                self._db.execute("SELECT path, size, mtime FROM files")}
 
-    def file_size(self, file: str) -> int | None:
-        """How many of FILE's bytes are indexed (None: none are known)."""
-        row = self._db.execute("SELECT size FROM files WHERE path = ?", (file,)).fetchone()
-        return None if row is None else row[0]
-
-    def file_time(self, file: str) -> int:
-        """FILE's modification time when the index last agreed with it (0: unknown)."""
-        row = self._db.execute("SELECT mtime FROM files WHERE path = ?", (file,)).fetchone()
-        return 0 if row is None else row[0]
+    def file_state(self, file: str) -> tuple[int, int] | None:
+        """FILE's (indexed bytes, modification time) as `file_states` (None: unknown)."""
+        row = self._db.execute("SELECT size, mtime FROM files WHERE path = ?",
+                               (file,)).fetchone()
+        return None if row is None else (row[0], row[1])
 
     def set_file_size(self, file: str, size: int, *, previous: int | None = None,
                       mtime: int = 0) -> bool:

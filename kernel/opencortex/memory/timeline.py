@@ -21,6 +21,7 @@ from opencortex.memory.rows import (COLUMNS, IMPORTED, NOT_CONTROL, PLATFORM_ID,
                                     record_fields)
 
 TIME_INDEX = "messages_in_time"
+TIME_INDEX_SQL = f"CREATE INDEX IF NOT EXISTS {TIME_INDEX} ON messages (channel, chat_id, epoch)"
 CHECKED_THREADS = 256   # threads `_said_any_within` looks at, at most (one seek each)
 # A conversation message as `conversation.branches.is_control` tells it: not a control record.
 CONVERSATION = f"(role != 'system' OR {NOT_CONTROL})"

@@ -203,18 +203,18 @@ class IndexUpkeep:
         is indexed last: rows are numbered as they come, and "the newest matches" are
         the highest numbers (see `RankedSearch.search`)."""
         with self._lock:
-            known, times = self._index.file_sizes(), self._index.file_times()
+            states = self._index.file_states()
             stats = org_file_stats(self.root) if stats is None else stats
-            for gone in known.keys() - stats.keys():
+            for gone in states.keys() - stats.keys():
                 self._index.forget_file(gone)
             rereads = self._index.rereads()
             behind = {}                                       # file -> bytes to read
             for name, (size, mtime) in stats.items():
-                if name in rereads or known.get(name) == size and times.get(name) not in (
-                        0, None, mtime):              # read again; or the same size, edited
-                    behind[name] = size
-                elif known.get(name) != size:
-                    behind[name] = self._to_read(name, known.get(name), size)
+                known, seen = states.get(name, (None, 0))
+                if name in rereads or known == size and seen not in (0, mtime):
+                    behind[name] = size               # read again; or the same size, edited
+                elif known != size:
+                    behind[name] = self._to_read(name, known, size)
             order = sorted(behind, key=self._written_at)
             if not background or sum(behind.values()) <= INLINE_BYTES:
                 for name in order:
@@ -263,8 +263,8 @@ class IndexUpkeep:
                 log.info("%s changed again while read again; read from its start", name)
                 reread = Reread.of(stat)
             if reread is None:
-                known = self._index.file_size(name)
-                if known == size and self._index.file_time(name) in (0, stat.st_mtime_ns):
+                known, seen = self._index.file_state(name) or (None, 0)
+                if known == size and seen in (0, stat.st_mtime_ns):
                     return True
                 if known == size:
                     log.info("%s changed, keeping its size; it is read again", name)

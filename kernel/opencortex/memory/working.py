@@ -59,9 +59,9 @@ class WorkingMemory:
             if _marks_undelivered(record, kept[-1] if kept else None):
                 self._undelivered.add(record.extra.get("TARGET", record.id))
             kept.append(record)
-            for forgotten in kept[:max(0, len(kept) - self.limit)]:
-                self._undelivered.discard(forgotten.id)
-            del kept[:max(0, len(kept) - self.limit)]
+            forgotten = max(0, len(kept) - self.limit)
+            self._undelivered.difference_update(old.id for old in kept[:forgotten])
+            del kept[:forgotten]
             records.append(record)
         return records
 

@@ -26,9 +26,8 @@ The index connection and the archive's lock allow that.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 from collections.abc import Iterable
+from typing import Any, Protocol
 
 from opencortex.conversation.branches import is_control
 from opencortex.conversation.delivery import as_seen
