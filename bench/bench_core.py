@@ -114,10 +114,15 @@ def bench_kernel(turns: int = 500) -> None:
     """Whole turns with the echo backend, on the loop `serve` runs on (`event_loop`,
     uvloop where installed), and the same turns without the archive's locked, fsync'd
     append (submitted to the writer thread, until durable) and without recall (a
-    same-owner FTS search, in a reading thread), which are measured apart; then the
-    whole turn on asyncio's own loop, for comparison."""
+    same-owner FTS search, in a reading thread), which are measured apart, with the
+    kernel's threads on one CPU as serve places them (`cpu`, see placement); then the
+    whole turn on asyncio's own loop, and with the threads on any CPU, for comparison."""
     from opencortex.config import load_config
     from opencortex.eventloop import loop_factory, run
+    try:
+        from opencortex.placement import PLACEMENT, on_one_cpu
+    except ImportError:                 # a kernel from before placement (bench A/B)
+        PLACEMENT = None
     from opencortex.runtime import build_kernel
 
     async def measure(kernel, count: int) -> list[float]:
@@ -129,13 +134,17 @@ def bench_kernel(turns: int = 500) -> None:
             times.append(time.perf_counter() - started)
         return times
 
-    def whole_turns(choice: str | None, count: int, parts: bool = False):
-        """COUNT turns' times on the loop CHOICE names (None: the configured one), and
-        with PARTS, their appends' and recalls' (else empty); and that loop's name."""
+    def whole_turns(choice: str | None, count: int, parts: bool = False,
+                    placed: bool = True):
+        """COUNT turns' times on the loop CHOICE names (None: the configured one), the
+        threads PLACED as serve places them (else on any CPU), and with PARTS, their
+        appends' and recalls' (else empty); that loop's name; whether they were placed."""
         with tempfile.TemporaryDirectory() as tmp:
             config = load_config(Path(tmp))
             choice = choice or config.event_loop
             kernel = build_kernel(config, writer=lambda text: None)
+            placed = bool(placed and PLACEMENT is not None and on_one_cpu(config) and
+                          PLACEMENT.place())
             run(measure(kernel, 20), choice)  # warm up
             appends: list[float] = []
             recalls: list[float] = []
@@ -150,11 +159,15 @@ def bench_kernel(turns: int = 500) -> None:
                 recall.recall = timed(recalls, recall.recall)  # type: ignore[method-assign]
             whole = run(measure(kernel, count), choice)
             run(kernel.aclose(), choice)
-        return whole, appends, recalls, "uvloop" if loop_factory(choice) else "asyncio"
+            if placed:
+                PLACEMENT.release()
+        return (whole, appends, recalls, "uvloop" if loop_factory(choice) else "asyncio",
+                placed)
 
-    whole, appends, recalls, loop = whole_turns(None, turns, parts=True)
+    whole, appends, recalls, loop, placed = whole_turns(None, turns, parts=True)
     core = [t - a - r for t, a, r in zip(whole, appends, recalls)]
-    print(f"kernel turn, echo backend ({turns} turns, on {loop}: the loop serve runs on):")
+    where = "threads on one CPU" if placed else "threads on any CPU"
+    print(f"kernel turn, echo backend ({turns} turns, on {loop}, {where}: as serve runs it):")
     for label, values in (("whole turn", whole), ("archive append (fsync)", appends),
                           ("recall (FTS, same owner)", recalls),
                           ("the rest: kernel overhead", core)):
@@ -165,6 +178,10 @@ def bench_kernel(turns: int = 500) -> None:
         plain, *_ = whole_turns("asyncio", turns)
         print(f"  {'whole turn on asyncio':<26} p50 {percentile(plain, .5) * 1e3:7.3f} ms   "
               f"p99 {percentile(plain, .99) * 1e3:7.3f} ms")
+    if placed:
+        anywhere, *_ = whole_turns(None, turns, placed=False)
+        print(f"  {'whole turn, any CPU':<26} p50 {percentile(anywhere, .5) * 1e3:7.3f} ms   "
+              f"p99 {percentile(anywhere, .99) * 1e3:7.3f} ms")
 
 
 def bench_skill_load(runs: int = 3) -> None:

@@ -110,6 +110,7 @@ class Config(BaseModel):
     prepare_timeout: float = Field(default=10.0, gt=0)  # recall + a skill's prompt, seconds
     stop_grace: float = Field(default=10.0, ge=0)  # seconds turns may take to finish on stop
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"  # serve's; see eventloop.py
+    cpu: Literal["auto", "one", "any"] = "auto"   # serve's threads on one CPU; placement.py
     chat: ChatSettings = Field(default_factory=ChatSettings)
     shell: ShellSettings = Field(default_factory=ShellSettings)
     emacs: EmacsSettings = Field(default_factory=EmacsSettings)

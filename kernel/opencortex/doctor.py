@@ -187,6 +187,19 @@ def _event_loop(config: Config) -> Check:
     return Check("event loop", True, f"uvloop {importlib.metadata.version('uvloop')}")
 
 
+def _cpu(config: Config) -> Check:
+    """Where serve's threads will run (see opencortex.placement)."""
+    from opencortex.placement import PLACEMENT, on_one_cpu
+    setting = f'(cpu = "{config.cpu}")'
+    if not on_one_cpu(config):
+        why = "an embedding model runs in the kernel " if config.cpu == "auto" else ""
+        return Check("cpu", True, f"serve: its threads on any CPU {why}{setting}")
+    if len(PLACEMENT.allowed) < 2:
+        return Check("cpu", True, f"serve: one CPU to use {setting}")
+    return Check("cpu", True, f"serve: its threads together on one CPU of "
+                 f"{len(PLACEMENT.allowed)}, moved when other work keeps it busy {setting}")
+
+
 def _archive_writes(config: Config) -> Check:
     """Where serve writes the archive's files (see opencortex.memory.write_process)."""
     if not config.memory.write_process:
@@ -235,6 +248,7 @@ def run_checks(config: Config) -> list[Check]:
     checks.extend(_mcp_server(name, server.command[0])
                   for name, server in config.mcp.servers.items())
     checks.append(_event_loop(config))
+    checks.append(_cpu(config))
     checks.append(_archive_writes(config))
     checks.append(_recall(config))
     checks.extend(_bundled())

@@ -22,7 +22,8 @@ and write (refused otherwise), removed again on exit: that is how Emacs and
 `opencortex client` find a kernel already running for their home.
 
 It runs on uvloop where that is installed (`eventloop`; `event_loop` in the
-configuration).  SIGTERM, SIGINT and SIGHUP stop it gracefully: the bridges stop
+configuration), its threads together on one CPU, moved when other work keeps
+that CPU busy (`placement`; `cpu` in the configuration).  SIGTERM, SIGINT and SIGHUP stop it gracefully: the bridges stop
 fetching, turns in flight get `stop_grace` seconds to finish, what the bridges
 have not handled stays in their inboxes, then everything closes.
 """
@@ -49,6 +50,7 @@ from opencortex.environ_scrub import scrub_process_environment
 from opencortex.eventloop import loop_name
 from opencortex.files import replace_file
 from opencortex.homelock import HomeLock
+from opencortex.placement import PLACEMENT, on_one_cpu
 
 if TYPE_CHECKING:     # the kernel's modules load after the port line (see `_serve_locked`)
     from opencortex.emacs import EmacsService
@@ -199,6 +201,8 @@ async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.Abstrac
     from opencortex.runtime import build_kernel
     kernel = build_kernel(config, stream=sys.stderr, backend=backend)
     kernel.reporters["event loop"] = partial(loop_name, loop)
+    watching = _place_threads(config)
+    kernel.reporters["cpu"] = PLACEMENT.report
     if config.memory.write_process:
         kernel.archive.write_in_a_process()
     kernel.reporters["archive writes"] = kernel.archive.writes_report
@@ -221,8 +225,17 @@ async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.Abstrac
         if wire is not None:
             await wire.close()
         await kernel.aclose()
+        if watching is not None:
+            watching.cancel()
         log.info("kernel stopped")
     return 0
+
+
+def _place_threads(config: Config) -> asyncio.Task[None] | None:
+    """The kernel's threads on one CPU, watched (see `placement`), as `cpu` says."""
+    if not on_one_cpu(config) or not PLACEMENT.place():
+        return None
+    return asyncio.create_task(PLACEMENT.watch(), name="opencortex-cpu-watch")
 
 
 def settle_collector() -> None:

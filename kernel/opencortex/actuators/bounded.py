@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from opencortex.placement import children
+
 REAPER = Path(__file__).with_name("reaper.py")
 STOP_GRACE = 1.0
 KILL_GRACE = 0.5
@@ -133,11 +135,12 @@ async def run_bounded(argv: list[str], cwd: Path, env: dict[str, str], timeout: 
         raise OSError(0, "no Python interpreter to run the reaper with")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    transport, output = await loop.subprocess_exec(
-        lambda: CappedOutput(keep_bytes), sys.executable, "-I", "-S", str(REAPER),
-        "--parent", str(os.getpid()), "--", *argv,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        cwd=cwd, env={}, start_new_session=True)
+    with children():                # on any CPU, not the kernel's one (see placement)
+        transport, output = await loop.subprocess_exec(
+            lambda: CappedOutput(keep_bytes), sys.executable, "-I", "-S", str(REAPER),
+            "--parent", str(os.getpid()), "--", *argv,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=cwd, env={}, start_new_session=True)
     try:
         stdin = transport.get_pipe_transport(0)
         stdin.write(environment_block(env))

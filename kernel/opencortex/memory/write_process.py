@@ -49,6 +49,7 @@ from typing import Any
 import opencortex
 from opencortex.memory.threadfile import ArchiveError, Tails
 from opencortex.memory.writer import Job, Written, _Pending, write_files
+from opencortex.placement import children
 
 log = logging.getLogger(__name__)
 
@@ -290,11 +291,12 @@ class WriteProcess:
         to_child, requests = os.pipe()       # (read, write) ends
         replies, from_child = os.pipe()
         try:
-            self._child = subprocess.Popen(
-                [sys.executable, "-I", "-c", _CHILD, json.dumps(_import_path()),
-                 str(to_child), str(from_child)],
-                pass_fds=(to_child, from_child), env={}, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, start_new_session=True)
+            with children():            # on any CPU, not the kernel's one (see placement)
+                self._child = subprocess.Popen(
+                    [sys.executable, "-I", "-c", _CHILD, json.dumps(_import_path()),
+                     str(to_child), str(from_child)],
+                    pass_fds=(to_child, from_child), env={}, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, start_new_session=True)
         except (OSError, ValueError) as error:      # ValueError: no pass_fds (Windows)
             os.close(requests)
             os.close(replies)

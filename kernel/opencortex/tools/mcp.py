@@ -39,6 +39,7 @@ from mcp import types as mcp_types
 from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
 from mcp_types.jsonrpc import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+from opencortex.placement import children
 from opencortex.tools.mcp_schema import SchemaRefused
 from opencortex.tools.mcp_settings import McpServerSettings, McpSettings
 from opencortex.tools.mcp_tools import MAX_ERROR, build_tool, error_text, result_text
@@ -160,7 +161,8 @@ class McpServer:
                 scope.cancel()
             async with AsyncExitStack() as stack:
                 errlog = stack.enter_context(self._errlog())
-                read, write = await stack.enter_async_context(stdio_client(params, errlog))
+                with children():        # the server on any CPU (see placement)
+                    read, write = await stack.enter_async_context(stdio_client(params, errlog))
                 ended = anyio.Event()
                 sink, inbox = anyio.create_memory_object_stream[Any](0)
                 group = await stack.enter_async_context(anyio.create_task_group())
