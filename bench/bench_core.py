@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import subprocess
 import sys
@@ -123,6 +124,10 @@ def bench_kernel(turns: int = 500) -> None:
         from opencortex.placement import PLACEMENT, on_one_cpu
     except ImportError:                 # a kernel from before placement (bench A/B)
         PLACEMENT = None
+    try:
+        from opencortex.serve import settle_collector
+    except ImportError:                 # a kernel from before serve settled it
+        settle_collector = None
     from opencortex.runtime import build_kernel
 
     async def measure(kernel, count: int) -> list[float]:
@@ -145,6 +150,9 @@ def bench_kernel(turns: int = 500) -> None:
             kernel = build_kernel(config, writer=lambda text: None)
             placed = bool(placed and PLACEMENT is not None and on_one_cpu(config) and
                           PLACEMENT.place())
+            thresholds = gc.get_threshold()
+            if settle_collector is not None:
+                settle_collector()      # as serve does once its kernel is built
             run(measure(kernel, 20), choice)  # warm up
             appends: list[float] = []
             recalls: list[float] = []
@@ -161,6 +169,8 @@ def bench_kernel(turns: int = 500) -> None:
             run(kernel.aclose(), choice)
             if placed:
                 PLACEMENT.release()
+            gc.unfreeze()
+            gc.set_threshold(*thresholds)
         return (whole, appends, recalls, "uvloop" if loop_factory(choice) else "asyncio",
                 placed)
 
