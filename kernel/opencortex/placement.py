@@ -1,4 +1,4 @@
-"""Where the kernel's threads run: together on one CPU (`cpu = "one"`), or anywhere.
+"""Where serve's threads run: together on one CPU, or anywhere (`cpu` in the configuration).
 
 A turn goes from the event loop to a reading thread and back (recall, the
 prompt), to a judging thread and back (the verdict), and to the archive writer
@@ -6,8 +6,9 @@ and back: six hand-offs.  Only one of those threads runs Python at a time (the
 GIL), so spreading them over CPUs gains little, and every hand-off to a thread
 asleep on another CPU wakes that CPU first: on the 2-core VM the figures come
 from, ~50-75 µs a trip.  On one CPU a hand-off is a switch.  Measured there
-(`bench_core`'s echo turn, p50, alternating runs): 3.74 -> 3.25 ms; under
-bench_load's 20 EPC clients 644 -> 757 turns/s and send -> reply p99 64 -> 44 ms.
+(`bench_core`'s echo turn, p50, 8 runs measuring both): 3.36 -> 2.93 ms; under
+bench_load's 20 EPC clients (3 rounds, the kernel before and after) 379 -> 522
+turns/s at 2.42 -> 1.72 ms of CPU a turn.
 
 One CPU must not become a trap, so `Placement.watch` looks at the CPUs every
 WATCH_EVERY seconds (/proc/stat, and the kernel's own time in /proc/self/stat):
@@ -21,9 +22,10 @@ keep.  Threads started later inherit their starter's CPU.
 runs in the kernel (`[memory.embeddings] model`): its library spreads one
 batch over threads of its own, which would then share the one CPU.  `"one"`
 places them anyway, `"any"` never.  Linux only (sched_setaffinity, /proc);
-elsewhere, or with one CPU to use, nothing is placed.  Placing is serve's (and bench_core's, to measure what
-serve runs); the terminal chat, and a kernel built in-process by a test or an
-embedding program, are left where they are.
+elsewhere, or with one CPU to use, nothing is placed.  Placing is serve's
+(and bench_core's, to measure what serve runs); the terminal chat, and a
+kernel built in-process by a test or an embedding program, are left where
+they are.
 """
 
 from __future__ import annotations
