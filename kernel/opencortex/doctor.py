@@ -190,14 +190,14 @@ def _event_loop(config: Config) -> Check:
 def _cpu(config: Config) -> Check:
     """Where serve's threads will run (see opencortex.placement)."""
     from opencortex.placement import PLACEMENT, on_one_cpu
-    setting = f'(cpu = "{config.cpu}")'
+    setting = f'cpu = "{config.cpu}"'
     if not on_one_cpu(config):
-        why = "an embedding model runs in the kernel " if config.cpu == "auto" else ""
-        return Check("cpu", True, f"serve: its threads on any CPU {why}{setting}")
+        why = "an embedding model runs in the kernel; " if config.cpu == "auto" else ""
+        return Check("cpu", True, f"serve: its threads on any CPU ({why}{setting})")
     if len(PLACEMENT.allowed) < 2:
-        return Check("cpu", True, f"serve: one CPU to use {setting}")
+        return Check("cpu", True, f"serve: one CPU to use ({setting})")
     return Check("cpu", True, f"serve: its threads together on one CPU of "
-                 f"{len(PLACEMENT.allowed)}, moved when other work keeps it busy {setting}")
+                 f"{len(PLACEMENT.allowed)}, moved when other work keeps it busy ({setting})")
 
 
 def _archive_writes(config: Config) -> Check:
