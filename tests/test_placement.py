@@ -132,6 +132,37 @@ def test_a_child_starts_on_every_cpu_while_the_kernel_stays_on_one(placement):
 
 
 @needs_two_cpus
+def test_blocks_of_coroutines_ending_in_any_order_keep_children_off_the_kernels_cpu(placement):
+    """Two MCP servers start at once on the loop's thread: the first block to open
+    may be the first to close, and the other's child must still start on every CPU."""
+    cpu = min(ALLOWED)
+    placement.place(cpu)
+    seen = {}
+
+    async def starting(name: str, opened: asyncio.Event, close: asyncio.Event) -> None:
+        with placement.children():
+            opened.set()
+            await close.wait()
+            seen[name] = os.sched_getaffinity(0)
+
+    async def interleaved():
+        a_open, b_open, a_close, b_close = (asyncio.Event() for _ in range(4))
+        first = asyncio.create_task(starting("first", a_open, a_close))
+        await a_open.wait()
+        second = asyncio.create_task(starting("second", b_open, b_close))
+        await b_open.wait()
+        a_close.set()
+        await first                         # the first opened closes first
+        b_close.set()
+        await second
+
+    for _ in range(2):                      # and again: nothing is left counted
+        asyncio.run(asyncio.wait_for(interleaved(), 30))
+        assert seen == {"first": ALLOWED, "second": ALLOWED}
+        assert os.sched_getaffinity(0) == {cpu}
+
+
+@needs_two_cpus
 def test_no_move_is_made_while_a_child_is_being_started(placement):
     cpu = min(ALLOWED)
     placement.place(cpu)

@@ -136,7 +136,7 @@ class Placement:
     moves: int = 0                          # moves made by `watch`
     _lent: int = 0                          # `children` blocks open, in all threads
     _guard: threading.Lock = field(default_factory=threading.Lock)
-    _depth: threading.local = field(default_factory=threading.local)   # .value: this thread's
+    _depth: threading.local = field(default_factory=threading.local)   # .value: blocks open here
     _placed: set[int] = field(default_factory=set)                      # thread ids, last set
 
     def place(self, cpu: int | None = None) -> bool:
@@ -204,23 +204,24 @@ class Placement:
     @contextlib.contextmanager
     def children(self) -> Iterator[None]:
         """A block whose child processes start on every allowed CPU: the calling thread
-        is on them meanwhile (and `watch` makes no move)."""
-        depth = getattr(self._depth, "value", 0)
-        with self._guard:
-            self._lent += 1
-            if depth == 0 and self.cpu is not None:
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(0, self.allowed)
-        self._depth.value = depth + 1
+        is on them while any such block of its is open (blocks of coroutines on one
+        loop may end in any order), and `watch` makes no move meanwhile."""
+        self._open(+1)
         try:
             yield
         finally:
-            self._depth.value = depth
-            with self._guard:
-                self._lent -= 1
-                if depth == 0 and self.cpu is not None:
-                    with contextlib.suppress(OSError):
-                        os.sched_setaffinity(0, {self.cpu})
+            self._open(-1)
+
+    def _open(self, step: int) -> None:
+        """Count a `children` block of this thread opened (+1) or closed (-1); the
+        thread goes on every CPU with its first and back with its last."""
+        with self._guard:
+            open_here = getattr(self._depth, "value", 0) + step
+            self._depth.value = open_here
+            self._lent += step
+            if self.cpu is not None and open_here == (1 if step > 0 else 0):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(0, self.allowed if step > 0 else {self.cpu})
 
     def _set_all(self, cpus: set[int] | frozenset[int]) -> None:
         """CPUS for every thread of this process (one that ended meanwhile is skipped)."""
