@@ -16,7 +16,9 @@ when other work keeps the kernel's CPU busier than BUSY_SHARE of the time and
 another CPU the kernel may use is idler by MARGIN, every thread moves there.
 Children (shell commands, MCP servers, the archive's write process) start
 with every CPU the kernel was given (`children`): they are not the kernel's to
-keep.  Threads started later inherit their starter's CPU.
+keep (a skill or tool that starts a process itself does so inside
+`children()` too, or its process shares the kernel's CPU).  Threads started
+later inherit their starter's CPU.
 
 `cpu = "auto"` (the default) places the threads unless an embedding model
 runs in the kernel (`[memory.embeddings] model`): its library spreads one
