@@ -16,7 +16,19 @@ in most messages (greetings, thanks, questions).  Facts are planted in kinds:
   the period ("last week", "in March") and only the event in it counts;
 - ``about``: someone else says it of the person the question names;
 - ``swapped``: the question names the other person of the chat (a question
-  that mixes people up still finds what was said).
+  that mixes people up still finds what was said);
+- ``reworded``: stated in words the question does not use at all: no content
+  word in common, not even by stem, but the person's name ("we finally brought
+  home a little beagle from the breeder" / "Which pet did Caroline adopt?");
+  lexical recall cannot find these by construction, a model's can (--embedder);
+- ``in reply``: the other person asks and the answer is only in the reply,
+  which alone does not say what it is about ("So what did you end up naming
+  the beagle, Caroline?" / "Biscuit! After my grandmother's cat"); the reply
+  is what counts: recall brings it beside the question when that is recalled.
+
+The last two are inserted by memory_eval_kinds.py into the sessions built here,
+drawn from a random generator of their own: the other kinds' questions and
+messages are the same for a seed with or without them.
 
 Many statements use an irregular verb the question puts in another form
 ("bought" / "buy", "met" / "meet", "broke" / "break", "ran" / "run").
