@@ -25,8 +25,9 @@ from opencortex.actuators.bounded import run_bounded
 from opencortex.config import load_config
 from opencortex.doctor import _cpu
 from opencortex.memory import Archive
-from opencortex.placement import (BUSY_SHARE, PLACEMENT, CpuTimes, Placement, busiest_share,
-                                  idler_cpu, on_one_cpu, read_cpu_times, thread_ids)
+from opencortex.placement import (BUSY_SHARE, MARGIN, PLACEMENT, CpuTimes, Placement,
+                                  busiest_share, idler_cpu, on_one_cpu, read_cpu_times,
+                                  thread_ids)
 from opencortex.serve import default_connection_file
 
 from conftest import cli_env
@@ -60,6 +61,12 @@ def placement():
             os.sched_setaffinity(tid, ALLOWED)
         except ProcessLookupError:
             pass
+
+
+def busy_share(before: CpuTimes, after: CpuTimes, cpu: int) -> float:
+    """How busy CPU was between BEFORE and AFTER, whoever kept it so."""
+    busy, total = (a - b for a, b in zip(after.cpus[cpu], before.cpus[cpu]))
+    return busy / total if total else 0.0
 
 
 def other_cpu(cpu: int) -> int:
@@ -311,6 +318,50 @@ def test_serve_runs_its_threads_on_one_cpu_and_its_write_process_on_any(home, tm
         assert children                                # the archive's write process
         assert all(os.sched_getaffinity(pid) == set(ALLOWED) for pid in children)
     finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0
+        process.stdout.close()
+        process.stderr.close()
+
+
+@needs_two_cpus
+def test_serve_moves_its_threads_off_a_cpu_other_work_keeps_busy(home, tmp_path):
+    """A process spinning on the CPU serve's threads are on: within seconds they are
+    on another (unless that one is as busy: then there is nowhere better to go)."""
+    runtime = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "opencortex", "serve", "--home", str(home), "--backend", "echo"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(home, XDG_RUNTIME_DIR=str(runtime)))
+    spinner = None
+    try:
+        assert process.stdout.readline().strip().isdigit(), process.stderr.read()
+        placed: set = set()
+        for _ in range(600):                         # until the kernel is built and placed
+            placed = set(affinities(process.pid).values())
+            if len(placed) == 1 and len(next(iter(placed))) == 1:
+                break
+            time.sleep(0.05)
+        [[cpu]] = placed
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        os.sched_setaffinity(spinner.pid, {cpu})
+        before = read_cpu_times()
+        for _ in range(200):                         # 10 s at most
+            time.sleep(0.05)
+            if set(affinities(process.pid).values()) != {frozenset({cpu})}:
+                break
+        moved = set(affinities(process.pid).values())
+        if moved == {frozenset({cpu})}:                # stayed: fine only with nowhere idler
+            after = read_cpu_times()
+            idlest = min(busy_share(before, after, other) for other in ALLOWED - {cpu})
+            assert idlest + MARGIN >= busy_share(before, after, cpu), "an idler CPU was left"
+            pytest.skip(f"every other CPU was busy too (the idlest {idlest:.0%})")
+        [[now]] = moved
+        assert now != cpu
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait(30)
         process.terminate()
         assert process.wait(timeout=60) == 0
         process.stdout.close()
