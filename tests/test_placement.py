@@ -26,7 +26,7 @@ from opencortex.config import load_config
 from opencortex.doctor import _cpu
 from opencortex.memory import Archive
 from opencortex.placement import (BUSY_SHARE, MARGIN, PLACEMENT, CpuTimes, Placement,
-                                  busiest_share, idler_cpu, on_one_cpu, read_cpu_times,
+                                  idler_cpu, on_one_cpu, others_share, read_cpu_times,
                                   thread_ids)
 from opencortex.serve import default_connection_file
 
@@ -239,7 +239,7 @@ def test_other_work_on_the_kernels_cpu_moves_it_to_the_idlest_other():
 
 def test_the_kernels_own_work_does_not_count_as_busy():
     after = times(90, c0=(95, 100), c1=(0, 100))
-    assert busiest_share(START, after, 0) == pytest.approx(0.05)
+    assert others_share(START, after, 0) == pytest.approx(0.05)
     assert idler_cpu(START, after, 0, frozenset({0, 1})) is None
 
 
@@ -268,7 +268,7 @@ def test_a_process_spinning_on_the_kernels_cpu_is_seen_as_other_work(placement):
         spinner.kill()
         spinner.wait(30)
     assert set(before.cpus) >= ALLOWED
-    assert busiest_share(before, after, cpu) > BUSY_SHARE
+    assert others_share(before, after, cpu) > BUSY_SHARE
 
 
 @needs_two_cpus

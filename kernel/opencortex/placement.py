@@ -80,7 +80,7 @@ def cpu_times(stat: str, own_stat: str) -> CpuTimes:
     return CpuTimes(cpus, int(fields[11]) + int(fields[12]))    # utime + stime
 
 
-def busiest_share(before: CpuTimes, after: CpuTimes, cpu: int) -> float:
+def others_share(before: CpuTimes, after: CpuTimes, cpu: int) -> float:
     """The share of the time between BEFORE and AFTER that CPU spent on work other
     than the kernel's (which all ran there)."""
     busy, total = _delta(before, after, cpu)
@@ -92,7 +92,7 @@ def idler_cpu(before: CpuTimes, after: CpuTimes, cpu: int, allowed: frozenset[in
     """Where the kernel on CPU should move, going by what each CPU of ALLOWED did between
     BEFORE and AFTER: the idlest other CPU when others kept CPU busier than
     BUSY_SHARE and that one is idler by MARGIN; else None (stay)."""
-    others = busiest_share(before, after, cpu)
+    others = others_share(before, after, cpu)
     if others <= BUSY_SHARE:
         return None
     shares = {}
@@ -114,6 +114,7 @@ def _delta(before: CpuTimes, after: CpuTimes, cpu: int) -> tuple[int, int]:
 
 
 def read_cpu_times() -> CpuTimes:
+    """The CPU times now (see `cpu_times`)."""
     with open("/proc/stat") as stat, open("/proc/self/stat") as own:
         return cpu_times(stat.read(), own.read())
 
@@ -185,9 +186,9 @@ class Placement:
                 return False
             log.info("other work keeps CPU %d busy; kernel threads move to CPU %d",
                      self.cpu, target)
-            self.place(target)
-            self.moves += 1
-            return True
+            moved = self.place(target)
+            self.moves += moved
+            return moved
 
     async def watch(self, every: float = WATCH_EVERY) -> None:
         """Look at the CPUs every EVERY seconds and move when another is idler (until
