@@ -65,13 +65,8 @@ class ThreadFiles:
 
 
 def org_files(root: Path) -> list[Path]:
-    """Every thread file under ROOT, sorted (see `org_file_sizes`)."""
-    return sorted(root / name for name in org_file_sizes(root))
-
-
-def org_file_sizes(root: Path) -> dict[str, int]:
-    """The size of every thread file under ROOT (see `org_file_stats`)."""
-    return {name: size for name, (size, _) in org_file_stats(root).items()}
+    """Every thread file under ROOT, sorted (see `org_file_stats`)."""
+    return sorted(root / name for name in org_file_stats(root))
 
 
 def org_file_stats(root: Path) -> dict[str, tuple[int, int]]:

@@ -97,10 +97,11 @@ class Reread:
 
 class IndexRereads:
     """The index's part of a re-read, for a MessageIndex (which provides `_db`, `_parts`,
-    `_write`, `_insert` and `_forgot`)."""
+    `_write`, `_insert`, `_forgot` and `set_file_size`)."""
 
     _db: sqlite3.Connection
     _parts: Partitions
+    set_file_size: Callable[..., bool]             # see `index.MessageIndex`
 
     def rereads(self) -> dict[str, Reread]:
         """The re-reads under way, by file."""
@@ -122,8 +123,7 @@ class IndexRereads:
         modification time MTIME (ns)."""
         def work() -> None:
             self._db.execute("DELETE FROM meta WHERE key = ?", (KEY + file,))
-            self._db.execute("INSERT OR REPLACE INTO files (path, size, mtime) "
-                             "VALUES (?, ?, ?)", (file, size, mtime))
+            self.set_file_size(file, size, mtime=mtime)
         self._write(work)
 
     def reconcile(self, file: str, entries: list[tuple[int, MessageRecord]], start: int,

@@ -211,7 +211,7 @@ class IndexUpkeep:
             behind = {}                                       # file -> bytes to read
             for name, (size, mtime) in stats.items():
                 known, seen = states.get(name, (None, 0))
-                if name in rereads or known == size and seen not in (0, mtime):
+                if name in rereads or _edited_keeping_size(known, seen, size, mtime):
                     behind[name] = size               # read again; or the same size, edited
                 elif known != size:
                     behind[name] = self._to_read(name, known, size)
@@ -264,9 +264,10 @@ class IndexUpkeep:
                 reread = Reread.of(stat)
             if reread is None:
                 known, seen = self._index.file_state(name) or (None, 0)
-                if known == size and seen in (0, stat.st_mtime_ns):
+                edited = _edited_keeping_size(known, seen, size, stat.st_mtime_ns)
+                if known == size and not edited:
                     return True
-                if known == size:
+                if edited:
                     log.info("%s changed, keeping its size; it is read again", name)
                     reread = Reread.of(stat)
                 elif known and (known > size or
@@ -284,3 +285,9 @@ class IndexUpkeep:
         log.info("indexed %d message(s) from %s (bytes %d..%d)", added, name, start,
                  start + parsed.length)
         return limit is None or not parsed.length or start + parsed.length >= size
+
+
+def _edited_keeping_size(known: int | None, seen: int, size: int, mtime: int) -> bool:
+    """Whether a file of SIZE bytes and modification time MTIME, indexed up to KNOWN bytes
+    as it was at time SEEN (0: unknown, trusted), was edited in place since."""
+    return known == size and seen not in (0, mtime)
