@@ -8,8 +8,9 @@ Figures:
 - reader throughput against bare sexpdata: a ~500-byte plist and a 100 KB reply;
 - archive cost per appended turn at 1k and 100k (and 1M) archived messages, and the
   ratio (target: 100k/1k <= 1.2);
-- kernel overhead per turn with the echo backend: p50/p99 of the whole turn, and of
-  the turn without the archive's fsync'd append (target: p50 < 2 ms);
+- kernel overhead per turn with the echo backend: p50/p99 of the whole turn (target:
+  p50 <= 2 ms), and of the turn without the archive's fsync'd append and recall; the
+  whole turn also with its files written by a child process, as serve writes them;
 - time to load all bundled skills cold (in a fresh interpreter).
 """
 
@@ -116,8 +117,11 @@ def bench_kernel(turns: int = 500) -> None:
     uvloop where installed), and the same turns without the archive's locked, fsync'd
     append (submitted to the writer thread, until durable) and without recall (a
     same-owner FTS search, in a reading thread), which are measured apart, with the
-    kernel's threads on one CPU as serve places them (`cpu`, see placement); then the
-    whole turn on asyncio's own loop, and with the threads on any CPU, for comparison."""
+    kernel's threads on one CPU as serve places them (`cpu`, see placement), the files
+    written by the writer thread; then the whole turn on asyncio's own loop, with the
+    threads on any CPU, and with the files written by a child process as serve has them
+    written (`memory.write_process`: it pays off under load, and its round trip adds
+    to a lone turn), for comparison."""
     from opencortex.config import load_config
     from opencortex.eventloop import loop_factory, run
     try:
@@ -140,16 +144,22 @@ def bench_kernel(turns: int = 500) -> None:
         return times
 
     def whole_turns(choice: str | None, count: int, parts: bool = False,
-                    placed: bool = True):
+                    placed: bool = True, child: bool = False):
         """COUNT turns' times on the loop CHOICE names (None: the configured one), the
-        threads PLACED as serve places them (else on any CPU), and with PARTS, their
-        appends' and recalls' (else empty); that loop's name; whether they were placed."""
+        threads PLACED as serve places them (else on any CPU), the files written by a
+        CHILD process as serve has them written (else by the writer thread), and with
+        PARTS, their appends' and recalls' (else empty); that loop's name; whether
+        they were placed."""
         with tempfile.TemporaryDirectory() as tmp:
             config = load_config(Path(tmp))
             choice = choice or config.event_loop
             kernel = build_kernel(config, writer=lambda text: None)
             placed = bool(placed and PLACEMENT is not None and on_one_cpu(config) and
                           PLACEMENT.place())
+            if child:
+                kernel.archive.write_in_a_process()
+                if not kernel.archive._write_process.wait_ready(30):
+                    raise RuntimeError("the archive's write process did not start")
             thresholds = gc.get_threshold()
             if settle_collector is not None:
                 settle_collector()      # as serve does once its kernel is built
@@ -177,7 +187,8 @@ def bench_kernel(turns: int = 500) -> None:
     whole, appends, recalls, loop, placed = whole_turns(None, turns, parts=True)
     core = [t - a - r for t, a, r in zip(whole, appends, recalls)]
     where = "threads on one CPU" if placed else "threads on any CPU"
-    print(f"kernel turn, echo backend ({turns} turns, on {loop}, {where}: as serve runs it):")
+    print(f"kernel turn, echo backend ({turns} turns, on {loop}, {where} as serve places "
+          "them, files written by the writer thread):")
     for label, values in (("whole turn", whole), ("archive append (fsync)", appends),
                           ("recall (FTS, same owner)", recalls),
                           ("the rest: kernel overhead", core)):
@@ -192,6 +203,11 @@ def bench_kernel(turns: int = 500) -> None:
         anywhere, *_ = whole_turns(None, turns, placed=False)
         print(f"  {'whole turn, any CPU':<26} p50 {percentile(anywhere, .5) * 1e3:7.3f} ms   "
               f"p99 {percentile(anywhere, .99) * 1e3:7.3f} ms")
+    if hasattr(Archive, "write_in_a_process"):     # not in a kernel from before it (A/B)
+        written, *_ = whole_turns(None, turns, child=True)
+        print(f"  {'whole turn, write process':<26} "
+              f"p50 {percentile(written, .5) * 1e3:7.3f} ms   "
+              f"p99 {percentile(written, .99) * 1e3:7.3f} ms   (as serve writes files)")
 
 
 def bench_skill_load(runs: int = 3) -> None:
