@@ -175,7 +175,7 @@ def main() -> None:
                         other_size=300, now=now)
         data = plant_hard_kinds(data, args.seed, reworded=11, replies=7)
     else:
-        data = generate(args.seed, sessions=40, per_session=120, facts=119, others=20,
+        data = generate(args.seed, sessions=40, per_session=120, facts=102, others=20,
                         other_size=1000, now=now)
         data = plant_hard_kinds(data, args.seed, reworded=22, replies=14)
     settings = ConversationSettings()

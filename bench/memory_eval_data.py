@@ -30,6 +30,9 @@ The last two are inserted by memory_eval_kinds.py into the sessions built here,
 drawn from a random generator of their own: the other kinds' questions and
 messages are the same for a seed with or without them.
 
+No two questions read the same: a template is about each person once at most,
+and a period named by one "dated" question holds that one event only.
+
 Many statements use an irregular verb the question puts in another form
 ("bought" / "buy", "met" / "meet", "broke" / "break", "ran" / "run").
 
@@ -166,6 +169,7 @@ class _Builder:
         self.pairs = [PEOPLE[i % len(PEOPLE)] for i in range(sessions)]
         self.questions: list[Question] = []
         self.pending: list[tuple[Question, int, int]] = []   # question, session, plant index
+        self.used: dict[str, set[str]] = {}                  # template -> people it was about
 
     def plant(self, session: int, speaker: str, text: str, question: Question) -> None:
         self.planted[session].append((speaker, text))
@@ -174,9 +178,23 @@ class _Builder:
     def sessions_of(self, person: str) -> list[int]:
         return [i for i, pair in enumerate(self.pairs) if person in pair]
 
+    def person_for(self, name: str) -> str | None:
+        """Someone template NAME was not about yet (None when it was about everyone): the
+        same question asked of two facts ("What is Rosa allergic to?" of two
+        allergies) would have two answers, and each would count for the other."""
+        used = self.used.setdefault(name, set())
+        left = [p for pair in PEOPLE for p in pair if p not in used]
+        if not left:
+            return None
+        person = self.rng.choice(left)
+        used.add(person)
+        return person
+
     def fact(self, name: str) -> None:
         kind, statements, question = TEMPLATES[name]
-        person = self.rng.choice([p for pair in PEOPLE for p in pair])
+        person = self.person_for(name)
+        if person is None:
+            return
         own = self.sessions_of(person)
         values = {slot: self.rng.choice(pool) for slot, pool in SLOTS.items()}
         partner = lambda s: next(p for p in self.pairs[s] if p != person)  # noqa: E731
@@ -210,8 +228,16 @@ class _Builder:
         # this person's newest session: last week (its Thursday: "last week" is the week
         # before this one, Monday to Sunday, whatever day the benchmark runs)
         self.times[last] = self.now - (datetime.fromtimestamp(self.now).weekday() + 4) * DAY
-        cakes = self.rng.sample(SLOTS["cake"], 3)
-        picks = [last] + self.rng.sample([s for s in own if s != last], 2)
+        # the others each in a month of its own, not last week's (else a question naming
+        # that month would have two answers)
+        month = lambda s: f"{datetime.fromtimestamp(self.times[s]):%B %Y}"  # noqa: E731
+        months: dict[str, list[int]] = {}
+        for session in own:
+            if month(session) != month(last):
+                months.setdefault(month(session), []).append(session)
+        picked = self.rng.sample(sorted(months), min(2, len(months)))
+        picks = [last] + [self.rng.choice(months[name]) for name in picked]
+        cakes = self.rng.sample(SLOTS["cake"], len(picks))
         for n, (session, cake) in enumerate(zip(picks, cakes)):
             when = datetime.fromtimestamp(self.times[session])
             period = "last week" if n == 0 else f"in {when:%B %Y}"
@@ -280,4 +306,6 @@ def generate(seed: int, sessions: int, per_session: int, facts: int, others: int
         builder.fact(names[n % len(names)])
     built = builder.build()
     questions = [q for q in builder.questions if q.kind != "ignored" and q.evidence]
+    texts = [q.text for q in questions]
+    assert len(set(texts)) == len(texts), "a question would have two answers"
     return Dataset(built, questions, other_owners(rng, others, other_size, now))
