@@ -6,8 +6,8 @@ recall it (1) embeds the question, (2) embeds up to `batch` of the scope's
 messages that have no vector yet (newest first; the rest on later recalls),
 and (3) returns the `max_candidates` nearest messages of the scope only whose
 cosine reaches `min_similarity` (without it, every question would recall
-something), as `SearchHit`s scored by cosine, for `recall.Recall` to fuse with
-its lexical ranking (see `fusion`).
+something), each text once, as `SearchHit`s scored by cosine, for
+`recall.Recall` to fuse with its lexical ranking (see `fusion`).
 
 It never fails a turn: when the model cannot be loaded, dense recall is off
 until the kernel restarts; when one call fails (an exception, vectors of the
@@ -26,9 +26,12 @@ from opencortex.events import Thread
 from opencortex.memory import Archive, SearchHit
 from opencortex.memory.embedders import Embedder, EmbedderError
 from opencortex.memory.embedding_settings import EmbeddingSettings
+from opencortex.memory.rows import text_key
 from opencortex.memory.vectors import VectorStore, VectorStoreError
 
 log = logging.getLogger(__name__)
+
+DISTINCT_READS = 4     # nearest vectors read per candidate kept (repeated texts are passed)
 
 
 class DenseRecall:
@@ -72,15 +75,27 @@ class DenseRecall:
 
     def _rank(self, scope: Sequence[Thread], query: str, exclude_ids: Collection[str],
               window: tuple[float, float] | None) -> list[SearchHit]:
+        """The `max_candidates` nearest, each text once: small talk repeated word for
+        word would otherwise fill the candidates (DISTINCT_READS times as many are read)."""
         [wanted] = self.embedder.embed([query[:self.settings.max_chars]])
         self.fill(scope)
-        nearest = self.store.search(scope, wanted, self.settings.max_candidates,
+        limit = self.settings.max_candidates
+        nearest = self.store.search(scope, wanted, limit * DISTINCT_READS,
                                     exclude_ids=exclude_ids, window=window)
         nearest = [(id_, score) for id_, score in nearest
                    if score >= self.settings.min_similarity]
         records = self.store.records([id_ for id_, _ in nearest])
-        return [SearchHit(**records[id_].model_dump(), score=score, snippet="")
-                for id_, score in nearest if id_ in records]
+        hits: list[SearchHit] = []
+        texts: set[str] = set()
+        for id_, score in nearest:
+            record = records.get(id_)
+            if record is None or text_key(record.text) in texts:
+                continue
+            texts.add(text_key(record.text))
+            hits.append(SearchHit(**record.model_dump(), score=score, snippet=""))
+            if len(hits) == limit:
+                break
+        return hits
 
     def fill(self, scope: Sequence[Thread]) -> int:
         """Embed up to `batch` messages of SCOPE that have no vector yet; how many were."""

@@ -54,9 +54,10 @@ from opencortex.conversation.delivery import as_seen
 from opencortex.conversation.entries import Entry
 from opencortex.conversation.fusion import Ranked, fuse
 from opencortex.conversation.recalldates import DateHint, date_hint
-from opencortex.conversation.recallorder import mix_named, newer_first, reranked
+from opencortex.conversation.recallorder import mix_named, newer_first, reranked, said_first
 from opencortex.conversation.recallwords import (QUESTION_MARKS, asks, is_question,
-                                                  present_words, searched_words)
+                                                  present_words, searched_words,
+                                                  without_names)
 from opencortex.conversation.recallexplain import explain
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
@@ -268,7 +269,8 @@ class Recall:
             # hits outside the scope leave fewer than K of them.
             said, general = tiers(k, wider=CANDIDATES * k, candidates=CANDIDATES * k,
                                   informative_only=informative_only)
-            kept = self._kept(thread, allowed, mix_named(said, general), hint, query, exclude_ids)
+            kept = self._kept(thread, allowed, mix_named(said, general), hint, query, exclude_ids,
+                              named)
             if len(kept) >= k or (len(said) < k and len(general) < k):
                 return kept[:k], hint
         found: list[SearchHit] = []
@@ -283,7 +285,7 @@ class Recall:
         said, general = tiers(CANDIDATES * k, recent=hint.recent,
                               informative_only=informative_only)
         found += mix_named(said, general)
-        return self._kept(thread, allowed, found, hint, query, exclude_ids)[:k], hint
+        return self._kept(thread, allowed, found, hint, query, exclude_ids, named)[:k], hint
 
     def _scope_of(self, thread: Thread) -> tuple[set[str], dict]:
         """The owners THREAD may recall from (its own, the shared ones), and its search
@@ -315,13 +317,16 @@ class Recall:
                                            for name in names)][:limit]
 
     def _kept(self, thread: Thread, allowed: set[str], found: list[SearchHit],
-              hint: DateHint, query: str, exclude_ids: Collection[str]) -> list[Ranked]:
+              hint: DateHint, query: str, exclude_ids: Collection[str],
+              named: Sequence[str] = ()) -> list[Ranked]:
         """FOUND (the lexical hits, best first) each message once, fused with the dense
-        ranking if any, and checked to be of an ALLOWED owner (THREAD's or a shared one);
-        a text repeated word for word only where it first comes (each search returns a
-        text once; this holds across the lists merged and the dense ranking too)."""
+        ranking if any (NAMED: the words of the question naming senders, see `_dense`),
+        and checked to be of an ALLOWED owner (THREAD's or a shared one); a text
+        repeated word for word only where it first comes (each search returns a text
+        once; this holds across the lists merged and the dense ranking too)."""
         lexical = unique(found, seen=exclude_ids)        # a merged copy is the same message
-        dense = self._dense(thread, hint.text if hint.text.strip() else query, exclude_ids, hint)
+        dense = self._dense(thread, hint.text if hint.text.strip() else query, exclude_ids, hint,
+                            named)
         if dense is None:
             ranked = [Ranked(hit, rank, None, None) for rank, hit in enumerate(lexical, 1)]
         else:
@@ -346,15 +351,22 @@ class Recall:
         return kept
 
     def _dense(self, thread: Thread, text: str, exclude_ids: Collection[str],
-               hint: DateHint) -> list[SearchHit] | None:
-        """The dense ranking of THREAD's scope for TEXT, or None (no model, or it failed)."""
+               hint: DateHint, named: Sequence[str] = ()) -> list[SearchHit] | None:
+        """The dense ranking of THREAD's scope for TEXT, or None (no model, or it failed).
+
+        A name weighs more in a sentence embedding than the words around it, and in a
+        chat most messages name the person they are said to, so "Which pet did Aiko
+        adopt?" would find what was said to Aiko.  The question is embedded without
+        the NAMED senders' names, and what they said leads, as in the lexical tiers
+        (see `mix_named`)."""
         if self.dense is None:
             return None
-        found = self.dense.rank(self.scope(thread), text, exclude_ids=exclude_ids,
-                                window=hint.window)
-        if found is None or not hint.recent:
-            return found
-        return newer_first(found)
+        found = self.dense.rank(self.scope(thread), without_names(text, named),
+                                exclude_ids=exclude_ids, window=hint.window)
+        if found is None:
+            return None
+        found = said_first(found, named)
+        return newer_first(found) if hint.recent else found
 
     def explain(self, thread: Thread, query: str, *, k: int = 10) -> str:
         """What recall brings for QUERY and why, for /recall (see `recallexplain`)."""

@@ -65,3 +65,15 @@ def mix_named(said: list[SearchHit], general: list[SearchHit]) -> list[SearchHit
         mixed += said[start:start + SAID_PER_OTHER]
         mixed += itertools.islice(rest, 1)
     return mixed + list(rest)
+
+
+def said_first(hits: list[SearchHit], names: Sequence[str]) -> list[SearchHit]:
+    """HITS with what was sent by someone NAMES names leading, as `mix_named` mixes
+    them (two for each other hit); HITS as they are when NAMES name none of them."""
+    people = [person for name in names if (person := set(fold_words(name)))]
+    said = [hit for hit in hits if any(
+        person <= set(fold_words(who(hit.sender, hit.extra))) for person in people)]
+    if not said:
+        return hits
+    kept = {hit.id for hit in said}
+    return mix_named(said, [hit for hit in hits if hit.id not in kept])

@@ -18,6 +18,7 @@ the matches of the other words, never matching alone (`present_words`).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from opencortex.memory.query import bare_word
 
@@ -96,3 +97,13 @@ def is_question(text: str) -> bool:
     words = text.split(maxsplit=1)
     return asks(text) or bool(words) and \
         bare_word(words[0]).casefold() in _QUESTION_WORDS
+
+
+def without_names(text: str, names: Sequence[str]) -> str:
+    """TEXT without the words NAMES (and their possessive "'s"), or TEXT itself when
+    nothing else would be left."""
+    if not names:
+        return text
+    pattern = r"\b(?:%s)(?:['’]s)?\b" % "|".join(re.escape(name) for name in names)
+    rest = " ".join(re.sub(pattern, " ", text, flags=re.IGNORECASE).split())
+    return rest if any(c.isalnum() for c in rest) else text

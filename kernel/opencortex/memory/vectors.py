@@ -18,8 +18,7 @@ read-only, so the archive's write path is untouched.  Filling is lazy and
 bounded: `pending` finds at most BATCH messages of the given threads without a
 vector (newest first), `commit` stores them once embedded.  `search` is a
 brute-force dot product over the threads' vectors, kept in memory once read
-(4 bytes x dimensions per message), with numpy when it is installed and plain
-Python (~11 us per 384-dimension vector) otherwise.  Only the newest
+(4 bytes x dimensions per message; see `nearest`).  Only the newest
 `max_vectors` of one search are scored; beyond that a warning says so.
 
 Vectors of forgotten messages are deleted when their thread is next filled
@@ -36,12 +35,12 @@ import threading
 from array import array
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from operator import mul
 from pathlib import Path
 from typing import Any
 
 from opencortex.events import Thread
 from opencortex.memory.archive import INDEX_NAME, Archive
+from opencortex.memory.nearest import VectorBlock, nearest
 from opencortex.memory.rows import COLUMNS, is_control, record_fields
 from opencortex.memory.records import MessageRecord
 
@@ -71,22 +70,6 @@ class Pending:
     marks: dict[Thread, tuple[int, str | None, int | None]] = field(default_factory=dict)
 
 
-@dataclass
-class _Block:
-    """One thread's vectors in memory: ids, epochs and the float32 data, row by row
-    (a bytearray grows in place: adding a vector does not copy the others)."""
-
-    ids: list[str] = field(default_factory=list)
-    epochs: list[float] = field(default_factory=list)
-    data: bytearray = field(default_factory=bytearray)
-
-    def add(self, id_: str, epoch: float, vector: bytes) -> None:
-        """Append one message's vector."""
-        self.ids.append(id_)
-        self.epochs.append(epoch)
-        self.data += vector
-
-
 class VectorStore:
     """The vectors of one archive's messages, made by the model named MODEL."""
 
@@ -98,7 +81,7 @@ class VectorStore:
         self.path = archive.root / VECTORS_NAME
         self._db: sqlite3.Connection | None = None
         self._dimensions: int | None = None
-        self._blocks: dict[Thread, _Block] = {}
+        self._blocks: dict[Thread, VectorBlock] = {}
         self._warned: set[frozenset[Thread]] = set()
         self._lock = threading.RLock()
 
@@ -275,26 +258,14 @@ class VectorStore:
                 return []
             blocks = [self._block(db, Thread(*t)) for t in sorted(threads)]
             since = self._cutoff(blocks, frozenset(threads))
-            exclude = set(exclude_ids)
-            best: list[tuple[bool, float, str]] = []
-            for block in blocks:
-                for i, score in enumerate(_scores(block.data, query)):
-                    epoch = block.epochs[i]
-                    if epoch < since or block.ids[i] in exclude:
-                        continue
-                    inside = window is not None and window[0] <= epoch < window[1]
-                    item = (inside, score, block.ids[i])
-                    if len(best) < limit:
-                        heapq.heappush(best, item)
-                    elif item > best[0]:
-                        heapq.heapreplace(best, item)
-            return [(id_, score) for _, score, id_ in sorted(best, reverse=True)]
+            return nearest(blocks, query, limit, since=since, exclude=set(exclude_ids),
+                           window=window)
 
-    def _block(self, db: sqlite3.Connection, thread: Thread) -> _Block:
+    def _block(self, db: sqlite3.Connection, thread: Thread) -> VectorBlock:
         """THREAD's vectors in memory (read from the file the first time)."""
         block = self._blocks.get(thread)
         if block is None:
-            block = _Block()
+            block = VectorBlock()
             for id_, epoch, blob in db.execute(
                     "SELECT id, epoch, vec FROM vectors WHERE channel = ? AND chat_id = ?",
                     thread):
@@ -303,7 +274,7 @@ class VectorStore:
             self._blocks[thread] = block
         return block
 
-    def _cutoff(self, blocks: list[_Block], scope: frozenset[Thread]) -> float:
+    def _cutoff(self, blocks: list[VectorBlock], scope: frozenset[Thread]) -> float:
         """The oldest epoch searched: beyond max_vectors, only the newest are."""
         total = sum(len(block.ids) for block in blocks)
         if total <= self.max_vectors:
@@ -362,31 +333,3 @@ def _one(db: sqlite3.Connection, sql: str, values: tuple) -> Any:
     """The first column of the first row of SQL, or None."""
     row = db.execute(sql, values).fetchone()
     return None if row is None else row[0]
-
-
-_numpy: Any = None
-
-
-def _scores(data: bytearray, query: array) -> list[float]:
-    """The dot product of QUERY with each float32 row of DATA (numpy when installed).
-    No view of DATA outlives the call (DATA must stay resizable)."""
-    global _numpy
-    if not data:
-        return []
-    if _numpy is None:
-        try:
-            import numpy      # optional: only when it is installed anyway
-            _numpy = numpy
-        except ImportError:
-            _numpy = False
-    dimensions = len(query)
-    if _numpy:
-        rows = _numpy.frombuffer(data, dtype=_numpy.float32).reshape(-1, dimensions)
-        try:
-            return (rows @ _numpy.frombuffer(query.tobytes(), dtype=_numpy.float32)).tolist()
-        finally:
-            del rows
-    q = query.tolist()
-    with memoryview(data) as raw, raw.cast("f") as values:
-        return [sum(map(mul, q, values[start:start + dimensions]))
-                for start in range(0, len(values), dimensions)]
