@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -136,17 +137,18 @@ def pad(archive: Archive, total: int, now: float) -> None:
             timestamp=now - 400 * 86400 + i * 60) for i in range(start, min(start + batch, total))])
 
 
-def fused(archive: Archive, settings: ConversationSettings, spec: str) -> Conversations:
-    """Conversations whose recall fuses the model SPEC's ranking, every vector made first."""
+def fused(archive: Archive, settings: ConversationSettings, dense: DenseRecall
+          ) -> Conversations:
+    """Conversations whose recall fuses DENSE's ranking, every vector made first (those
+    missing: the model is loaded once for the run)."""
     conversations = Conversations(archive, settings)
-    dense = DenseRecall(archive, EmbeddingSettings(model=spec, batch=1000))
     conversations.recall.dense = dense
     scope = conversations.recall.scope(ASKING)
     started, made = time.perf_counter(), 0
     while count := dense.fill(scope):
         made += count
     elapsed = time.perf_counter() - started
-    print(f"embedded {made:,} messages with {spec} in {elapsed:.1f} s "
+    print(f"embedded {made:,} messages with {dense.model} in {elapsed:.1f} s "
           f"({made / max(elapsed, 1e-9):,.0f} messages/s)")
     return conversations
 
@@ -181,7 +183,11 @@ def main() -> None:
     settings = ConversationSettings()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        with Archive(root) as archive:
+        with Archive(root) as archive, contextlib.ExitStack() as closing:
+            dense = None
+            if args.embedder:
+                dense = DenseRecall(archive, EmbeddingSettings(model=args.embedder, batch=1000))
+                closing.callback(dense.close)
             started = time.perf_counter()
             ids = load(archive, data)
             elapsed = time.perf_counter() - started
@@ -191,8 +197,8 @@ def main() -> None:
                   f"of other owners; archived in {elapsed:.1f} s")
             time.sleep(SETTLE_NS / 1e9)     # let directory times settle (see Recall._refresh)
             evaluate(Conversations(archive, settings), data, ids, "evaluation")
-            if args.embedder:
-                evaluate(fused(archive, settings, args.embedder), data, ids,
+            if dense is not None:
+                evaluate(fused(archive, settings, dense), data, ids,
                          f"fused with {args.embedder}")
             if args.quick:
                 return
@@ -202,8 +208,8 @@ def main() -> None:
             print(f"padded to {args.scale:,} owner messages in {elapsed:.1f} s "
                   f"({(args.scale - owner) / elapsed:,.0f} messages/s through Archive.append)")
             evaluate(Conversations(archive, settings), data, ids, f"at {args.scale:,} messages")
-            if args.embedder:
-                evaluate(fused(archive, settings, args.embedder), data, ids,
+            if dense is not None:
+                evaluate(fused(archive, settings, dense), data, ids,
                          f"at {args.scale:,} messages, fused with {args.embedder}")
         seconds = asyncio.run(first_load(root, settings))
         print(f"first load of a {args.scale - owner:,}-message thread written without "
