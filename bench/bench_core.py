@@ -10,7 +10,7 @@ Figures:
   ratio (target: 100k/1k <= 1.2);
 - kernel overhead per turn with the echo backend: p50/p99 of the whole turn (target:
   p50 <= 2 ms), and of the turn without the archive's fsync'd append and recall; the
-  whole turn also with its files written by a child process, as serve writes them;
+  whole turn also with its files written by a child process (`[memory] write_process`);
 - time to load all bundled skills cold (in a fresh interpreter).
 """
 
@@ -120,8 +120,8 @@ def bench_kernel(turns: int = 500) -> None:
     kernel's threads on one CPU as serve places them (`cpu`, see placement), the files
     written by the writer thread; then the whole turn on asyncio's own loop, with the
     threads on any CPU, and with the files written by a child process as serve has them
-    written (`memory.write_process`: it pays off under load, and its round trip adds
-    to a lone turn), for comparison."""
+    written with `[memory] write_process = true` (its round trip adds to every turn),
+    for comparison."""
     from opencortex.config import load_config
     from opencortex.eventloop import loop_factory, run
     try:
@@ -147,7 +147,7 @@ def bench_kernel(turns: int = 500) -> None:
                     placed: bool = True, child: bool = False):
         """COUNT turns' times on the loop CHOICE names (None: the configured one), the
         threads PLACED as serve places them (else on any CPU), the files written by a
-        CHILD process as serve has them written (else by the writer thread), and with
+        CHILD process (`[memory] write_process`; else by the writer thread), and with
         PARTS, their appends' and recalls' (else empty); that loop's name; whether
         they were placed."""
         with tempfile.TemporaryDirectory() as tmp:
@@ -187,8 +187,8 @@ def bench_kernel(turns: int = 500) -> None:
     whole, appends, recalls, loop, placed = whole_turns(None, turns, parts=True)
     core = [t - a - r for t, a, r in zip(whole, appends, recalls)]
     where = "threads on one CPU" if placed else "threads on any CPU"
-    print(f"kernel turn, echo backend ({turns} turns, on {loop}, {where} as serve places "
-          "them, files written by the writer thread):")
+    print(f"kernel turn, echo backend ({turns} turns, on {loop}, {where}, files written by "
+          "the writer thread: as serve runs it):")
     for label, values in (("whole turn", whole), ("archive append (fsync)", appends),
                           ("recall (FTS, same owner)", recalls),
                           ("the rest: kernel overhead", core)):
@@ -207,7 +207,7 @@ def bench_kernel(turns: int = 500) -> None:
         written, *_ = whole_turns(None, turns, child=True)
         print(f"  {'whole turn, write process':<26} "
               f"p50 {percentile(written, .5) * 1e3:7.3f} ms   "
-              f"p99 {percentile(written, .99) * 1e3:7.3f} ms   (as serve writes files)")
+              f"p99 {percentile(written, .99) * 1e3:7.3f} ms   ([memory] write_process)")
 
 
 def bench_skill_load(runs: int = 3) -> None:

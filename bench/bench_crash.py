@@ -1,4 +1,4 @@
-"""SIGKILL a served kernel (and its archive writer process) under EPC load, then check
+"""SIGKILL a served kernel (and its archive writer process, if any) under EPC load, then check
 the archive (issue 14; a script, not a test): every reply a client saw is archived
 exactly once, with its message, and no message or reply is there twice or in part.
 

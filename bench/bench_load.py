@@ -11,7 +11,7 @@ Figures, each beside its target:
    (`send-message`'s return) p50/p99, send -> reply p50/p99, lost / duplicated /
    misrouted replies and errors (must be 0); and the kernel process's CPU time
    (user + system, all threads) per turn, steadier than msgs/s on a busy machine,
-   with its archive writer process's apart (serve writes files there).
+   with its archive writer process's apart (when `[memory] write_process` is on).
 2. send -> reply p50/p99 at a fixed offered rate (200 turns/s over the 20
    clients, open loop: sends are scheduled whatever the replies), and lost.
 3. send -> first streamed chunk at the EPC client, one client: p50/p99.  The

@@ -295,6 +295,7 @@ def test_the_watch_looks_until_the_threads_are_released(placement, monkeypatch):
 
 @needs_two_cpus
 def test_serve_runs_its_threads_on_one_cpu_and_its_write_process_on_any(home, tmp_path):
+    (home / "config.toml").write_text("[memory]\nwrite_process = true\n")
     runtime = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "opencortex", "serve", "--home", str(home), "--backend", "echo"],

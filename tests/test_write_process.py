@@ -351,7 +351,9 @@ def test_sigkill_of_the_child_at_any_moment_keeps_whole_turns_only(archive):
     assert [r.id for r in archive.thread_records(THREAD)] == ids
 
 
-@pytest.mark.parametrize("setting, shown", [("", "serve: in a process of its own"),
+@pytest.mark.parametrize("setting, shown", [("[memory]\nwrite_process = true\n",
+                                             "serve: in a process of its own"),
+                                            ("", "in the writer thread ([memory] write_process"),
                                             ("[memory]\nwrite_process = false\n",
                                              "in the writer thread ([memory] write_process")])
 def test_doctor_says_where_serve_writes_the_archive(tmp_path, setting, shown):

@@ -204,7 +204,7 @@ def _archive_writes(config: Config) -> Check:
     """Where serve writes the archive's files (see opencortex.memory.write_process)."""
     if not config.memory.write_process:
         return Check("archive writes", True, "in the writer thread ([memory] write_process "
-                     "= false)")
+                     "= true: by a process of their own)")
     return Check("archive writes", True, "serve: in a process of its own (the writer thread "
                  "when it cannot start; /metrics shows which)")
 

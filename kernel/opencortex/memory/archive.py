@@ -20,8 +20,9 @@ memory, and two processes appending to the same file stay safe.  Readers take
 a shared `flock`.  The kernel does not write on its event loop: it submits
 appends to one writer thread, which commits the appends that wait together
 (one write and one fsync per file, one index transaction; see `writer`);
-under `opencortex serve` that thread has the files written by a child process
-(`write_in_a_process`, see `write_process`) and indexes what it answers.
+with `[memory] write_process = true`, `opencortex serve` has that thread's files
+written by a child process (`write_in_a_process`, see `write_process`), and it
+indexes what the child answers.
 
 The index remembers how many bytes of each file it has seen, and the file's
 modification time then; on open it reads only what grew since (and reads again
@@ -192,7 +193,8 @@ class Archive(ArchiveQueries, IndexUpkeep):
 
     def write_in_a_process(self, **settings: float) -> None:
         """Have the writer thread's files written by a child process from now on (see
-        `write_process`; SETTINGS: its timeouts), started now; serve does this."""
+        `write_process`; SETTINGS: its timeouts), started now; serve does this when
+        `[memory] write_process` is on."""
         if self.read_only or self._write_process is not None:
             return
         from opencortex.memory.write_process import WriteProcess

@@ -81,7 +81,7 @@ class MemorySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
-    write_process: bool = True     # serve: files written by a child process (`write_process`)
+    write_process: bool = False    # serve: files written by a child process (`write_process`)
     stemmer: str = "porter"        # the index's; another one rebuilds it
 
     @field_validator("stemmer")

@@ -1,4 +1,8 @@
-"""The archive's file writes made by a process of its own (`opencortex serve`).
+"""The archive's file writes made by a process of its own (serve, `[memory] write_process`).
+
+Off by default since serve keeps its threads on one CPU (see `placement`): then
+the round trip to the child costs a turn more than the GIL waits it saves (the
+README has the figures).  What follows is why it was made.
 
 Under load the writer thread spent most of a batch waiting for Python's GIL,
 not for the disk: each file costs about nine system calls (open, flock, stat,
