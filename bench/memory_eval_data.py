@@ -236,7 +236,7 @@ class _Builder:
             if month(session) != month(last):
                 months.setdefault(month(session), []).append(session)
         picked = self.rng.sample(sorted(months), min(2, len(months)))
-        picks = [last] + [self.rng.choice(months[name]) for name in picked]
+        picks = [last] + [self.rng.choice(months[label]) for label in picked]
         cakes = self.rng.sample(SLOTS["cake"], len(picks))
         for n, (session, cake) in enumerate(zip(picks, cakes)):
             when = datetime.fromtimestamp(self.times[session])
