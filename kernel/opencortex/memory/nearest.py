@@ -4,8 +4,9 @@
 and asks `nearest` for the best of a scope.  With numpy, when it is installed
 (an embedding model's library brings it), every score is computed at once and
 the best are picked by a partial sort: about 7 ms for 100k 384-dimension
-vectors here (a loop over them in Python took ~30 ms more).  Without it, plain Python scores each vector (~11 us for 384
-dimensions) and keeps the best in a heap.
+vectors here (a loop over them in Python took ~30 ms more).  Without it, plain
+Python scores each vector (~11 us for 384 dimensions) and keeps the best in a
+heap.
 """
 
 from __future__ import annotations
