@@ -89,9 +89,10 @@ class DenseRecall:
         texts: set[str] = set()
         for id_, score in nearest:
             record = records.get(id_)
-            if record is None or text_key(record.text) in texts:
+            text = None if record is None else text_key(record.text)
+            if text is None or text in texts:
                 continue
-            texts.add(text_key(record.text))
+            texts.add(text)
             hits.append(SearchHit(**record.model_dump(), score=score, snippet=""))
             if len(hits) == limit:
                 break

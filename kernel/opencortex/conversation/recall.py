@@ -54,7 +54,8 @@ from opencortex.conversation.delivery import as_seen
 from opencortex.conversation.entries import Entry
 from opencortex.conversation.fusion import Ranked, fuse
 from opencortex.conversation.recalldates import DateHint, date_hint
-from opencortex.conversation.recallorder import mix_named, newer_first, reranked, said_first
+from opencortex.conversation.recallorder import (mix_named, newer_first, reranked, said_first,
+                                                  sent_by)
 from opencortex.conversation.recallwords import (QUESTION_MARKS, asks, is_question,
                                                   present_words, searched_words,
                                                   without_names)
@@ -63,8 +64,7 @@ from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
 from opencortex.memory.partitions import LOCAL_PARTITION, default_partition
 from opencortex.memory.query import query_text, query_words
-from opencortex.memory.rows import shown_who, text_key, who
-from opencortex.memory.senders import folded_words
+from opencortex.memory.rows import shown_who, text_key
 
 if TYPE_CHECKING:
     from opencortex.conversation.dense import DenseRecall
@@ -310,11 +310,9 @@ class Recall:
         WINDOW: "What did Nadia do on 8 May?" asks for hers, not the ones greeting her."""
         if not named:
             return []
-        names = [set(folded_words(word)) for word in named]
         said = self.archive.said_within(window, limit=SAID_READ * limit,
                                         exclude_ids=exclude_ids, **where)
-        return [hit for hit in said if any(name <= set(folded_words(who(hit.sender, hit.extra)))
-                                           for name in names)][:limit]
+        return sent_by(said, named)[:limit]
 
     def _kept(self, thread: Thread, allowed: set[str], found: list[SearchHit],
               hint: DateHint, query: str, exclude_ids: Collection[str],

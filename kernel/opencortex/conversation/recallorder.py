@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from opencortex.memory import SearchHit
 from opencortex.memory.rows import who
-from opencortex.memory.senders import fold_words
+from opencortex.memory.senders import fold_words, folded_words
 
 RECENCY_WEIGHT = 0.5           # "now": the newest candidate's score counts this much more
 NAME_WEIGHT = 0.25             # a hit naming (or sent by) a person asked about: this much more
@@ -67,12 +67,18 @@ def mix_named(said: list[SearchHit], general: list[SearchHit]) -> list[SearchHit
     return mixed + list(rest)
 
 
+def sent_by(hits: list[SearchHit], names: Sequence[str]) -> list[SearchHit]:
+    """Those of HITS sent by someone one of NAMES (words of a question) names, case and
+    diacritics aside ("caroline" names "Caroline Smith")."""
+    people = [person for name in names if (person := set(folded_words(name)))]
+    return [hit for hit in hits if any(
+        person <= set(folded_words(who(hit.sender, hit.extra))) for person in people)]
+
+
 def said_first(hits: list[SearchHit], names: Sequence[str]) -> list[SearchHit]:
     """HITS with what was sent by someone NAMES names leading, as `mix_named` mixes
     them (two for each other hit); HITS as they are when NAMES name none of them."""
-    people = [person for name in names if (person := set(fold_words(name)))]
-    said = [hit for hit in hits if any(
-        person <= set(fold_words(who(hit.sender, hit.extra))) for person in people)]
+    said = sent_by(hits, names)
     if not said:
         return hits
     kept = {hit.id for hit in said}
