@@ -52,6 +52,21 @@ def test_silence_for_strangers_and_ids_written_as_numbers():
     assert gate.decide(message("2")).decision == "ignore"
 
 
+def test_a_sender_vouched_for_by_an_allowed_alias_is_let_in_and_remembered():
+    settings = BridgeSettings(allow=["+15550000020"])
+    gate = Gate(settings)
+    assert not gate.may_speak(message("uuid-a"))
+    vouched = message("uuid-a", sender_aliases=("+15550000020",))
+    assert gate.may_speak(vouched)
+    assert gate.decide(vouched).decision == "allow"
+    # later messages without the alias (a number hidden since) are still the friend's
+    assert gate.decide(message("uuid-a", position=2)).decision == "allow"
+    assert gate.is_allowed("uuid-a")
+    # an alias nobody allowed lets nobody in, and the configuration is never changed
+    assert gate.decide(message("uuid-b", sender_aliases=("+1666",))).decision == "refuse"
+    assert settings.allow == ["+15550000020"]
+
+
 def test_groups_need_the_group_the_sender_and_a_mention():
     gate = Gate(BridgeSettings(allow=["1"], groups=["-100"]))
     group = {"chat": "-100", "is_group": True}

@@ -20,7 +20,8 @@ from opencortex.llm import EchoBackend
 from opencortex.runtime import build_kernel
 
 from bridge_helpers import archived_step, run, running_bridge, script, until
-from signal_fake import FRIEND, GROUP, OTHER_GROUP, OWNER, STRANGER, FakeSignalCli, rate_limited
+from signal_fake import (FRIEND, GROUP, OTHER_GROUP, OWNER, STRANGER, FakeSignalCli, Person,
+                         rate_limited)
 
 SHELL = '(:type :REQUEST :target :shell :cmd ("echo" "approved-run"))'
 AFTER = '(:type :RESPONSE :text "after the command")'   # the model's answer after the step
@@ -79,7 +80,13 @@ def test_an_allowed_number_is_answered_under_its_uuid(home):
             assert texts(fake, FRIEND.uuid) == ["[Echo] hi from my number"]
             assert not texts(fake, FRIEND.number)
             assert {str(t) for t in kernel.archive.threads()} == {f"signal:{FRIEND.uuid}"}
-            assert FRIEND.uuid in running.settings.allow
+            # the gate knows the UUID now; the configuration stays as written
+            assert running.gate.is_allowed(FRIEND.uuid)
+            assert running.settings.allow == [OWNER.uuid, FRIEND.number]
+            hidden = Person(FRIEND.uuid, None, FRIEND.name)   # the number hidden since
+            fake.message(hidden, "my number is private now")
+            await until(lambda: len(texts(fake, FRIEND.uuid)) == 2)
+            assert texts(fake, FRIEND.uuid)[-1] == "[Echo] my number is private now"
     run(scenario())
 
 

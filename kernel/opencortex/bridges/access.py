@@ -4,7 +4,10 @@
 model, a skill, the archive or a log line:
 
 - a direct message from a sender on the `allow` list (ids, never usernames) is
-  let in; anyone else is a stranger: one short refusal now and then (at most one
+  let in, as is one whose platform vouches that one of the sender's other ids is
+  on it (`Inbound.sender_aliases`: a Signal number); the gate then knows the
+  sender's id as allowed for the rest of the run (the settings are never
+  changed: they are the configuration as written).  Anyone else is a stranger: one short refusal now and then (at most one
   per `refusal_interval` per sender), or silence when configured;
 - in a group, only when the group is on the `groups` list, the sender is
   allowed, and the message mentions or replies to the bot; everything else in
@@ -18,6 +21,7 @@ show them; their content is never kept.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -25,6 +29,8 @@ from typing import Callable, Literal
 
 from opencortex.bridges.inbound import Inbound
 from opencortex.bridges.settings import BridgeSettings
+
+log = logging.getLogger(__name__)
 
 Decision = Literal["allow", "refuse", "flood-notice", "ignore"]
 WINDOW = 60.0   # seconds of the flood window
@@ -47,9 +53,15 @@ class Gate:
         self._refused: dict[str, float] = {}
         self._recent: dict[str, deque[float]] = {}
         self._noticed: dict[str, float] = {}
+        self._allow = frozenset(settings.allow)
+        self._by_alias: dict[str, float] = {}   # sender ids let in through an alias
 
     def decide(self, message: Inbound) -> Verdict:
         """Whether MESSAGE goes on to the kernel, and if not, what the sender is told."""
+        if message.sender_id not in self._by_alias and self._alias_allowed(message):
+            self._remember(self._by_alias, message.sender_id, self.clock())
+            log.info("an allowed id writes as sender %s; that id is allowed now",
+                     message.sender_id)
         verdict = self._access(message)
         if verdict.decision == "allow":
             verdict = self._flood(message.sender_id)
@@ -57,12 +69,17 @@ class Gate:
         return verdict
 
     def is_allowed(self, sender_id: str) -> bool:
-        return sender_id in self.settings.allow
+        """Whether SENDER_ID is on the allow list, or was let in through an alias."""
+        return sender_id in self._allow or sender_id in self._by_alias
+
+    def _alias_allowed(self, message: Inbound) -> bool:
+        """Whether the allow list names one of MESSAGE's sender's other ids."""
+        return any(alias in self._allow for alias in message.sender_aliases)
 
     def may_speak(self, message: Inbound) -> bool:
         """Whether MESSAGE's content may be kept at all: from an allowed sender, and in a
         group only in an allowed one (nothing is counted; `decide` still decides)."""
-        if not self.is_allowed(message.sender_id):
+        if not (self.is_allowed(message.sender_id) or self._alias_allowed(message)):
             return False
         return not message.is_group or message.chat_id in self.settings.groups
 

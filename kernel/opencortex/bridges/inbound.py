@@ -27,3 +27,7 @@ class Inbound:
     is_group: bool = False
     addressed_to_bot: bool = False   # in a group: it mentions the bot or replies to it
     sender_name: str = ""            # for display only; never used for access
+    # Other ids the platform knows the same sender by, as it vouches for them (Signal:
+    # the phone number beside the UUID); the gate lets the sender in when the allow
+    # list names one of them (see `access.Gate`).
+    sender_aliases: tuple[str, ...] = ()

@@ -13,8 +13,9 @@ speaks signal-cli-jsonrpc(5) through `signal_rpc`:
   (once stored); JSON-RPC has no acknowledgement, so `acknowledge` does nothing.
 - a sender is their UUID (`sourceUuid`; numbers change).  A direct chat's id
   is the sender's UUID, a group's its base64 `groupInfo.groupId`.  An `allow`
-  entry that is a number matches the envelope's `sourceNumber`; the sender's
-  UUID is then added to the allowed ids, so the kernel only ever sees UUIDs.
+  entry that is a number matches the envelope's `sourceNumber`, handed on as the
+  sender's alias (`Inbound.sender_aliases`: the gate decides), so the kernel only
+  ever sees UUIDs.
 - replies are `send` with plain text and `textStyle` ranges for the emphasis
   (`signal_text`); typing is `sendTyping`.  An approval is a message whose
   reactions ✅/👍 (approve) and ❌/👎 (deny), and replies quoting it that say
@@ -90,7 +91,6 @@ class SignalPlatform(Platform):
         self._subscribed: RpcConnection | None = None
         self._connecting = asyncio.Lock()
         self._approvals: dict[tuple[str, int], tuple[str, str]] = {}
-        self._numbers = {entry for entry in settings.allow if entry.startswith("+")}
         self._position = 0
         self._deferred: BridgeError | None = None   # reported by the next fetch
 
@@ -271,21 +271,15 @@ class SignalPlatform(Platform):
         if data.get("isExpirationUpdate") or (group.get("type") == "UPDATE"
                                               and data.get("message") is None):
             return None
-        self._admit(envelope.get("sourceNumber"), sender)
+        number = envelope.get("sourceNumber")
         stamp = data.get("timestamp") or envelope.get("timestamp")
         return Inbound(position=self._next_position(envelope), chat_id=chat, sender_id=sender,
                        message_id=f"{sender}:{stamp}", text=text_of(data, self.account),
                        kind=kind or kind_of(data),  # type: ignore[arg-type]
                        is_group=bool(group),
                        addressed_to_bot=bool(group) and addresses(data, self.account),
-                       sender_name=str(envelope.get("sourceName") or ""))
-
-    def _admit(self, number: Any, sender: str) -> None:
-        """An allowed number writing: allow its UUID too, the id the kernel sees."""
-        if number in self._numbers and sender not in self.settings.allow:
-            self.settings.allow.append(sender)
-            log.info("signal: an allowed number writes as sender %s; that UUID is allowed",
-                     sender)
+                       sender_name=str(envelope.get("sourceName") or ""),
+                       sender_aliases=(number,) if isinstance(number, str) and number else ())
 
     def _reaction(self, chat: str, sender: str, reaction: dict[str, Any]) -> Decision | None:
         """A reaction on a shown approval as a Decision (every other reaction: nothing)."""
