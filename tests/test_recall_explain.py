@@ -60,3 +60,18 @@ def test_a_recalled_memory_says_who_said_it(archive):
                      "harbour", "[recalled from cli:local, 2023-11-14, user Nadia] I painted "
                      "a lake at sunrise", "[recalled from cli:local, 2023-11-14, user] I painted "
                      "nothing"]
+
+
+def test_a_score_near_nothing_says_why_instead_of_zero(archive):
+    """In a small archive BM25 weighs a word found in half of it ~0: /recall showed
+    "score 0.00", which reads as "no match"."""
+    archive.append([say("I adopted a cat named Tabby", CLI, timestamp=1_700_000_000.0),
+                    say("Nice, a cat!", CLI, role="assistant", timestamp=1_700_000_000.0),
+                    say("The weather is grey", CLI, timestamp=1_700_000_060.0),
+                    say("Grey skies again", CLI, role="assistant", timestamp=1_700_000_060.0)])
+    shown = Recall(archive, {}).explain(EMACS, "cat")
+    assert "score 0.00" not in shown
+    assert "1. score ~0 (its words are in half the archive or more), " in shown
+    archive.append([say(f"filler {n}", CLI, timestamp=1_700_000_100.0 + n) for n in range(20)])
+    shown = Recall(archive, {}).explain(EMACS, "cat")
+    assert "~0" not in shown and "1. score " in shown

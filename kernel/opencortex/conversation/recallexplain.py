@@ -77,9 +77,16 @@ def _text(message: MessageRecord, gone: Collection[str]) -> str:
     return as_seen(" ".join(message.text.split())[:140], message.id in gone)
 
 
+SCORE_NEAR_NOTHING = 0.005   # a BM25 score shown below this reads "~0", with the reason
+
+
 def _why(item: Ranked) -> str:
-    """The score of a hit; when fused, the rank each list gave it and the fused score."""
+    """The score of a hit; when fused, the rank each list gave it and the fused score.
+    A BM25 score near 0 says why (for words in half the archive or more, as in a small one,
+    BM25 weighs a word ~nothing), rather than "0.00", which reads as no match."""
     if item.fused is None:
+        if abs(item.hit.score) < SCORE_NEAR_NOTHING:
+            return "score ~0 (its words are in half the archive or more)"
         return f"score {item.hit.score:.2f}"
     lexical = f"lexical #{item.lexical}" if item.lexical else "lexical -"
     dense = f"dense #{item.dense}" if item.dense else "dense -"
