@@ -7,8 +7,9 @@ model, a skill, the archive or a log line:
   let in, as is one whose platform vouches that one of the sender's other ids is
   on it (`Inbound.sender_aliases`: a Signal number); the gate then knows the
   sender's id as allowed for the rest of the run (the settings are never
-  changed: they are the configuration as written).  Anyone else is a stranger: one short refusal now and then (at most one
-  per `refusal_interval` per sender), or silence when configured;
+  changed: they are the configuration as written).  Anyone else is a stranger:
+  one short refusal now and then (at most one per `refusal_interval` per
+  sender), or silence when configured;
 - in a group, only when the group is on the `groups` list, the sender is
   allowed, and the message mentions or replies to the bot; everything else in
   a group is ignored (a group never gets a refusal);
