@@ -59,7 +59,7 @@ class Gate:
 
     def decide(self, message: Inbound) -> Verdict:
         """Whether MESSAGE goes on to the kernel, and if not, what the sender is told."""
-        if message.sender_id not in self._by_alias and self._alias_allowed(message):
+        if not self.is_allowed(message.sender_id) and self._alias_allowed(message):
             self._remember(self._by_alias, message.sender_id, self.clock())
             log.info("an allowed id writes as sender %s; that id is allowed now",
                      message.sender_id)
