@@ -142,9 +142,10 @@ class FakeSignalCli:
     def message(self, person: Person, text: str | None = None, *, group: str | None = None,
                 attachments: list[dict[str, Any]] | None = None, mention_bot: bool = False,
                 quote: Sent | None = None, edit_of: int | None = None,
-                delete_of: int | None = None) -> int:
-        """PERSON sends TEXT (to the bot, or in GROUP); the message's timestamp."""
-        stamp = self._tick()
+                delete_of: int | None = None, sent: int | None = None) -> int:
+        """PERSON sends TEXT (to the bot, or in GROUP); the message's timestamp (SENT:
+        this one, in ms, as a message the server kept while the daemon was away)."""
+        stamp = self._tick() if sent is None else sent
         data = self._data(stamp, text, group)
         if mention_bot:
             data["message"] = "\ufffc " + (text or "")

@@ -1,8 +1,9 @@
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from opencortex.events import ChatMessage, EventError, Thread, chat_message, parse_event
+from opencortex.events import (MAX_QUEUED, ChatMessage, EventError, Thread, chat_message,
+                               parse_event, platform_time)
 
 
 def test_chat_message_has_a_thread():
@@ -71,3 +72,28 @@ def test_thread_parse(text, expected):
 def test_thread_parse_refuses(text):
     with pytest.raises(EventError):
         Thread.parse(text)
+
+
+@pytest.mark.parametrize("sent, believed", [
+    (None, False),                                    # the platform said nothing
+    (timedelta(hours=-1), True),                      # it waited an hour: dated then
+    (-MAX_QUEUED + timedelta(minutes=1), True),
+    (-MAX_QUEUED - timedelta(minutes=1), False),      # a sender's client may say anything
+    (timedelta(seconds=5), False),                    # after it came: not believed
+])
+def test_a_message_is_dated_by_the_platforms_send_time_within_bounds(sent, believed):
+    received = datetime(2026, 11, 28, 12, tzinfo=timezone.utc)
+    event = chat_message("hi", "signal", "+1555").model_copy(update={
+        "received_at": received, "sent_at": None if sent is None else received + sent})
+    assert event.said_at == (received + sent if believed else received)
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 1e20, True, "1700000000",
+                                     None])
+def test_a_platform_time_that_is_no_time_is_none(seconds):
+    assert platform_time(seconds) is None
+
+
+def test_a_platform_time_is_an_aware_datetime():
+    assert platform_time(1_700_000_000.5) == datetime(2023, 11, 14, 22, 13, 20, 500000,
+                                                      tzinfo=timezone.utc)

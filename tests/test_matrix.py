@@ -112,10 +112,18 @@ def test_an_encrypted_room_end_to_end_across_a_restart(homeserver, home, tmp_pat
                             {f"matrix:{room}"})
             for text in ("while away 1", "while away 2", "while away 3"):
                 await person.say(room, text)
-            async with bridge(home, homeserver, bot, [owner.user_id]) as (running, _):
+            async with bridge(home, homeserver, bot, [owner.user_id]) as (running, kernel):
                 assert running.platform.client.device_id == device
                 await person.say(room, "back again")
                 await person.until(lambda: len(person.bodies(room, bot.user_id)) >= 5)
+                # what waited on the server is dated when it was sent, not when taken
+                await person.until(lambda: len(person.bodies(room, owner.user_id)) >= 5)
+                sent = {getattr(e, "body", ""): e.server_timestamp / 1000
+                        for e in person.messages(room, owner.user_id)}
+                said = {r.text: r.timestamp for r in kernel.archive.read_thread(
+                    Thread("matrix", room)) if r.role == "user"}
+                assert [said[t] for t in ("while away 1", "while away 3")] == \
+                    [sent["while away 1"], sent["while away 3"]]
         assert person.bodies(room, bot.user_id) == [
             "[Echo] hello *there*", "[Echo] while away 1", "[Echo] while away 2",
             "[Echo] while away 3", "[Echo] back again"]

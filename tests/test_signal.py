@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -87,6 +88,23 @@ def test_an_allowed_number_is_answered_under_its_uuid(home):
             fake.message(hidden, "my number is private now")
             await until(lambda: len(texts(fake, FRIEND.uuid)) == 2)
             assert texts(fake, FRIEND.uuid)[-1] == "[Echo] my number is private now"
+    run(scenario())
+
+
+def test_a_message_kept_while_the_daemon_was_away_is_dated_when_it_was_sent(home):
+    """The person's client stamps a message; the kernel dates it so unless the stamp is
+    after it came or beyond `events.MAX_QUEUED` (anyone's client may say anything)."""
+    now = int(time.time() * 1000)
+
+    async def scenario():
+        async with bridge(home) as (fake, running, kernel):
+            fake.message(OWNER, "sent in the tunnel", sent=now - 7_200_000)
+            fake.message(OWNER, "stamped 1970", sent=5)
+            await until(lambda: len(texts(fake, OWNER.uuid)) == 2)
+            said = {r.text: r.timestamp for r in
+                    kernel.archive.read_thread(Thread("signal", OWNER.uuid)) if r.role == "user"}
+            assert said["sent in the tunnel"] == (now - 7_200_000) / 1000
+            assert said["stamped 1970"] >= now / 1000 - 1
     run(scenario())
 
 

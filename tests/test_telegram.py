@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -468,4 +469,35 @@ def test_a_reply_the_bot_api_refuses_stays_archived_with_a_mark_it_was_not_deliv
             assert texts(fake, OWNER) == []
             history = await kernel.run_command(thread, "/history")
             assert "[not delivered: the person never saw this] [Echo] are you there" in history
+    run(scenario())
+
+
+def test_a_message_that_waited_while_the_kernel_was_down_is_dated_when_it_was_sent(
+        home, tmp_path):
+    """A message Telegram kept for an hour (the kernel was down) is archived with
+    Telegram's date, not the time the bridge got it: recall shows the day it was
+    said, and a later `memory import` of the chat's export recognises it (before, a
+    message taken more than a minute late was imported a second time).  A date
+    after the bridge got it is not believed."""
+    from opencortex.memory.importer import import_file
+    sent = int(time.time()) - 3600
+
+    async def scenario():
+        async with bridge(home) as (fake, running, kernel):
+            fake.send(OWNER, "the boiler man comes on friday", date=sent)
+            fake.send(OWNER, "from the future", date=int(time.time()) + 86400)
+            await until(lambda: len(texts(fake, OWNER)) == 2)
+            thread = Thread("telegram", str(OWNER))
+            said = {r.text: r.timestamp for r in kernel.archive.read_thread(thread)
+                    if r.role == "user"}
+            assert said["the boiler man comes on friday"] == sent
+            assert time.time() - 60 < said["from the future"] <= time.time()
+            export = tmp_path / "result.json"
+            export.write_text(json.dumps({"name": "user7", "type": "personal_chat",
+                                          "id": OWNER, "messages": [
+                {"id": 1, "type": "message", "date": "2026-11-28T10:00:00",
+                 "date_unixtime": str(sent), "from": "user7", "from_id": f"user{OWNER}",
+                 "text": "the boiler man comes on friday", "text_entities": []}]}))
+            report = await asyncio.to_thread(import_file, kernel.archive, export)
+            assert (report.added, report.duplicates) == (0, 1)
     run(scenario())

@@ -343,7 +343,7 @@ class Actuation:
         if event.sender_name:
             said[SENDER_NAME] = event.sender_name
         messages = [NewMessage(role="user", text=event.text, thread=event.thread,
-                               sender=event.sender, timestamp=event.received_at.timestamp(),
+                               sender=event.sender, timestamp=event.said_at.timestamp(),
                                extra=said)]
         for step in result.steps:   # the tool loop's steps, each linked to this turn
             number = {STEP: str(step.number), STEP_OUTCOME: step.outcome}

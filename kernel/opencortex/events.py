@@ -8,7 +8,7 @@ conversations do.
 from __future__ import annotations
 
 import unicodedata
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -19,6 +19,7 @@ CHANNELS: tuple[str, ...] = ("emacs", "cli", "telegram", "signal", "matrix")
 Channel = Literal["emacs", "cli", "telegram", "signal", "matrix"]
 TEXT_LABEL = "the message text"
 MAX_DISPLAY_NAME = 256          # characters of a sender's display name kept
+MAX_QUEUED = timedelta(days=30)  # a platform's send time older than this is not believed
 
 
 def display_name(value: str) -> str | None:
@@ -29,6 +30,17 @@ def display_name(value: str) -> str | None:
     name = " ".join("".join(" " if unicodedata.category(c)[0] == "C" else c
                             for c in value).split())
     return name[:MAX_DISPLAY_NAME].rstrip() or None
+
+
+def platform_time(seconds: Any) -> datetime | None:
+    """SECONDS since the epoch (a platform's time of a message) as an aware datetime;
+    None when it is not a finite number a datetime can hold."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return None
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc)
+    except (OverflowError, OSError, ValueError):        # inf, NaN, beyond year 9999
+        return None
 
 
 class EventError(ValueError):
@@ -77,6 +89,7 @@ class ChatMessage(BaseModel):
                                     max_length=MAX_DISPLAY_NAME)
     message_id: str | None = Field(default=None, max_length=256)  # the platform's, if any
     received_at: datetime = Field(default_factory=_now)
+    sent_at: datetime | None = None     # when it was sent, by the platform's word (see said_at)
 
     @field_validator("text")
     @classmethod
@@ -102,10 +115,23 @@ class ChatMessage(BaseModel):
         `display_name` cleans it."""
         return display_name(value) if isinstance(value, str) else value   # else refused
 
-    @field_validator("received_at")
+    @field_validator("received_at", "sent_at")
     @classmethod
-    def _aware(cls, value: datetime) -> datetime:
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        return value if value is None or value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+    @property
+    def said_at(self) -> datetime:
+        """When the person said it: the platform's send time (a message that waited
+        while the kernel was down is dated when it was sent), unless that is after it
+        was received or more than MAX_QUEUED before (a sender's client or homeserver
+        sets it on Signal and Matrix, so it is believed within those bounds only);
+        else when it was received."""
+        sent, received = self.sent_at, self.received_at
+        if sent is None:
+            return received
+        sent = sent if sent.tzinfo else sent.replace(tzinfo=timezone.utc)
+        return sent if received - MAX_QUEUED <= sent <= received else received
 
     @property
     def thread(self) -> Thread:

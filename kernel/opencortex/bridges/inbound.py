@@ -31,3 +31,6 @@ class Inbound:
     # the phone number beside the UUID); the gate lets the sender in when the allow
     # list names one of them (see `access.Gate`).
     sender_aliases: tuple[str, ...] = ()
+    # When the platform says it was sent (epoch seconds; None: it says nothing).  The
+    # kernel dates the message by it within bounds (see `events.ChatMessage.said_at`).
+    sent_at: float | None = None

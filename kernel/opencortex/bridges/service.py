@@ -44,7 +44,7 @@ from opencortex.bridges.outbound import Pacer, RetryAfter, split_text, with_retr
 from opencortex.bridges.render import plain, to_html
 from opencortex.bridges.settings import BridgeSettings
 from opencortex.conversation.commands import OWNERS_ONLY, USAGE
-from opencortex.events import EventError, Thread, chat_message
+from opencortex.events import EventError, Thread, chat_message, platform_time
 from opencortex.kernel import Kernel
 
 log = logging.getLogger(__name__)
@@ -313,7 +313,8 @@ class Bridge:
         except EventError:
             await self._say(message.chat_id, "I could not read that message; send it again.")
             return
-        event = event.model_copy(update={"message_id": message.message_id})
+        event = event.model_copy(update={"message_id": message.message_id,
+                                         "sent_at": platform_time(message.sent_at)})
         if message.position in self._replayed:
             answer = await self._archived_answer(event.thread, message.message_id)
             if answer is not None:

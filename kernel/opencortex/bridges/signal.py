@@ -279,7 +279,9 @@ class SignalPlatform(Platform):
                        is_group=bool(group),
                        addressed_to_bot=bool(group) and addresses(data, self.account),
                        sender_name=str(envelope.get("sourceName") or ""),
-                       sender_aliases=(number,) if isinstance(number, str) and number else ())
+                       sender_aliases=(number,) if isinstance(number, str) and number else (),
+                       sent_at=stamp / 1000 if isinstance(stamp, int) and
+                       not isinstance(stamp, bool) else None)     # milliseconds
 
     def _reaction(self, chat: str, sender: str, reaction: dict[str, Any]) -> Decision | None:
         """A reaction on a shown approval as a Decision (every other reaction: nothing)."""

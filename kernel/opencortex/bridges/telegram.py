@@ -253,7 +253,8 @@ class TelegramPlatform(Platform):
                        sender_id=str(message.from_user.id), message_id=str(message.message_id),
                        text=text, kind=kind, is_group=message.chat.type in ("group", "supergroup"),
                        addressed_to_bot=self._addressed(message, text),
-                       sender_name=message.from_user.full_name or "")
+                       sender_name=message.from_user.full_name or "",
+                       sent_at=message.date.timestamp() if message.date else None)
 
     @staticmethod
     def _kind(message: Any) -> str:

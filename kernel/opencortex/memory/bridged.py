@@ -17,12 +17,13 @@ a message archived by a bridge (not imported) that
   what the person read of the archived reply (`bridges.render.shown_text`);
 - was archived between EARLY seconds before the export's time and PERSON_LATE
   (BOT_LATE) seconds after it.  The export's time is Telegram's, in whole
-  seconds (`date_unixtime`); the bridge stamps a message once it has it, so
-  never earlier, but for the two clocks' difference (EARLY allows this
-  machine's clock 2 s off, which NTP keeps within milliseconds).  The bridge
-  stamps a person's message when their chat's turn begins: after delivery
-  (long polling: under a second) and after the turns of their earlier
-  messages (a model's answer: seconds, rarely a minute).  It archives a reply
+  seconds (`date_unixtime`).  The bridge dates a person's message by that same
+  time, Telegram's `date` (see `events.ChatMessage.said_at`), however late it
+  took it; a bridge from before that stamped it when their chat's turn began:
+  after delivery (long polling: under a second) and after the turns of their
+  earlier messages (a model's answer: seconds, rarely a minute), never
+  earlier but for the two clocks' difference (EARLY allows this machine's
+  clock 2 s off, which NTP keeps within milliseconds).  It archives a reply
   right after Telegram took it: a write and an fsync later.
 
 Each archived message stands for one exported message at most: the nearest in
@@ -30,7 +31,7 @@ time not taken yet.  So two "ok" of one person seconds apart, both archived,
 are both recognised, and of two the bridge did not both archive, one is
 imported: what was said is never dropped (of two same texts within PERSON_LATE
 seconds, the one imported may carry the other's time).  What the tolerance
-misses is imported again: a message the bridge took more than PERSON_LATE
+misses is imported again: a message an older bridge took more than PERSON_LATE
 seconds late (the kernel was down when it was sent), an edited one (the export
 has the new text), a reply too long for one Telegram message (sent in parts),
 and the times of an export without `date_unixtime` made in another time zone.
