@@ -41,6 +41,7 @@ class Sent:
     message_id: int
     reply_markup: Any = None
     edits: list[str] = field(default_factory=list)
+    date: int = field(default_factory=lambda: int(time.time()))   # Telegram's, whole seconds
 
 
 class FakeBotApi:
@@ -251,7 +252,7 @@ class FakeBotApi:
         return True
 
     def _message(self, sent: Sent) -> dict:
-        return {"message_id": sent.message_id, "date": int(time.time()),
+        return {"message_id": sent.message_id, "date": sent.date,
                 "chat": {"id": int(sent.chat_id), "type": "private"},
                 "from": {"id": BOT_ID, "is_bot": True, "first_name": "Cortex",
                          "username": BOT_NAME}, "text": sent.text}

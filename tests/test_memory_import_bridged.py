@@ -133,6 +133,34 @@ def test_a_reply_is_recognised_within_its_own_tolerance(archive, tmp_path):
     assert texts(archive, PRIVATE)[-1] == ("user", "second answer")   # the bot's, as a user
 
 
+
+@pytest.mark.parametrize("early, recognised", [
+    (bridged.BOT_EARLY - 1, True), (bridged.BOT_EARLY + 2, False)])
+def test_a_reply_written_before_it_was_sent_is_recognised_within_bot_early(
+        archive, tmp_path, early, recognised):
+    """The bridge writes a reply, then sends it when its chat's pace allows: Telegram's
+    time may be up to BOT_EARLY seconds after the archived one."""
+    turn(archive, PRIVATE, 7001, "q", T0 + 0.5, "a late answer", T0 + 1000 - early)
+    report = import_file(archive, exported(tmp_path, tg(2, "a late answer", T0 + 1000, BOT)))
+    assert report.duplicates == (1 if recognised else 0)
+
+
+def test_each_piece_of_a_long_reply_stands_for_one_exported_message(archive, tmp_path):
+    """A reply over Telegram's limit went out in pieces: each exported piece is the
+    archived reply's, once; the same piece exported twice is imported the second time."""
+    from opencortex.bridges.outbound import split_text
+    from opencortex.bridges.telegram import TEXT_LIMIT
+    long = "\n\n".join(f"Part {i}: " + "text " * 300 for i in range(6))
+    pieces = split_text(long, TEXT_LIMIT)
+    assert len(pieces) >= 2
+    turn(archive, PRIVATE, 7001, "q", T0 + 0.5, long, T0 + 1)
+    source = exported(tmp_path, tg(1, "q", T0),
+                      *(tg(2 + n, piece, T0 + 1 + n, BOT) for n, piece in enumerate(pieces)),
+                      tg(9, pieces[0], T0 + 9, BOT))
+    report = import_file(archive, source)
+    assert (report.added, report.duplicates) == (1, 1 + len(pieces))
+    assert texts(archive, PRIVATE)[-1] == ("user", pieces[0].strip())
+
 def test_in_a_supergroup_the_bots_replies_are_recognised_too(archive, tmp_path):
     """There the person's messages are found by their Telegram id; the bot's replies
     carry none and were imported again.  A message with an id the bridge did not

@@ -501,3 +501,39 @@ def test_a_message_that_waited_while_the_kernel_was_down_is_dated_when_it_was_se
             report = await asyncio.to_thread(import_file, kernel.archive, export)
             assert (report.added, report.duplicates) == (0, 1)
     run(scenario())
+
+
+def test_a_long_reply_sent_in_pieces_is_not_imported_again(home, tmp_path):
+    """A reply too long for one Telegram message goes out in pieces, each a message of
+    the chat's export; `memory import` of that export recognises every piece as the
+    one archived reply (before, each piece was imported as a message of its own)."""
+    import html
+    import re
+    from opencortex.memory.importer import import_file
+    long = "\n\n".join(f"Paragraph {i}, *in bold*. " + "word " * 150 for i in range(12))
+    reply = f'(:type :REQUEST :target :telegram :chat-id "{OWNER}" :text "{long}")'
+    sent = int(time.time())
+
+    async def scenario():
+        async with bridge(home, script(tmp_path, reply)) as (fake, _, kernel):
+            fake.send(OWNER, "tell me a lot", date=sent)
+            await until(lambda: sum(len(t) for t in texts(fake, OWNER)) >= len(long) - 50)
+            pieces = [s for s in fake.sent if s.chat_id == str(OWNER)]
+            assert len(pieces) >= 3
+            exported = [{"id": 1, "type": "message", "date": "2026-11-28T10:00:00",
+                         "date_unixtime": str(sent), "from": "user7",
+                         "from_id": f"user{OWNER}", "text": "tell me a lot",
+                         "text_entities": []}]
+            exported += [{"id": number, "type": "message", "date": "2026-11-28T10:00:00",
+                          "date_unixtime": str(piece.date), "from": "Cortex",
+                          "from_id": "user4242",      # what a person reads of each piece
+                          "text": html.unescape(re.sub(r"<[^>]+>", "", piece.text)),
+                          "text_entities": []} for number, piece in enumerate(pieces, 2)]
+            export = tmp_path / "result.json"
+            export.write_text(json.dumps({"name": "user7", "type": "personal_chat",
+                                          "id": OWNER, "messages": exported}))
+            before = kernel.archive.read_thread(Thread("telegram", str(OWNER)))
+            report = await asyncio.to_thread(import_file, kernel.archive, export)
+            assert (report.added, report.duplicates) == (0, 1 + len(pieces))
+            assert kernel.archive.read_thread(Thread("telegram", str(OWNER))) == before
+    run(scenario())

@@ -37,6 +37,8 @@ from opencortex.bridges.inbound import Inbound
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.settings import TelegramSettings
 
+TEXT_LIMIT = 4000         # characters a piece: the Bot API takes 4096 of text per message
+
 if TYPE_CHECKING:   # imported when webhook mode starts (it needs aiohttp)
     from opencortex.bridges.telegram_webhook import WebhookReceiver
 
@@ -56,7 +58,7 @@ class TelegramPlatform(Platform):
     """One bot on the Bot API."""
 
     channel = "telegram"
-    text_limit = 4000     # the Bot API takes 4096 characters of text per message
+    text_limit = TEXT_LIMIT
     per_chat = 1.0        # about one message a second in one chat
     per_second = 25.0     # and at most 30 a second overall
 

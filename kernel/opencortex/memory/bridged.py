@@ -24,16 +24,21 @@ a message archived by a bridge (not imported) that
   earlier messages (a model's answer: seconds, rarely a minute), never
   earlier but for the two clocks' difference (EARLY allows this machine's
   clock 2 s off, which NTP keeps within milliseconds).  It archives a reply
-  right after Telegram took it: a write and an fsync later.
+  before it sends it (a bridge from before 2026-11 right after Telegram took
+  it, up to BOT_LATE seconds): up to BOT_EARLY seconds before Telegram's time,
+  as the chat's pace, a retry and the earlier pieces of a long reply may delay
+  the send.  A reply too long for one Telegram message went out in pieces
+  (`outbound.split_text`), each a message of the export: the archived reply
+  stands for each of them once.
 
-Each archived message stands for one exported message at most: the nearest in
-time not taken yet.  So two "ok" of one person seconds apart, both archived,
+Each archived message stands for one exported message at most (a long reply:
+for one of each of its pieces): the nearest in time not taken yet.  So two "ok" of one person seconds apart, both archived,
 are both recognised, and of two the bridge did not both archive, one is
 imported: what was said is never dropped (of two same texts within PERSON_LATE
 seconds, the one imported may carry the other's time).  What the tolerance
 misses is imported again: a message an older bridge took more than PERSON_LATE
 seconds late (the kernel was down when it was sent), an edited one (the export
-has the new text), a reply too long for one Telegram message (sent in parts),
+has the new text), a reply Telegram refused formatted (sent as plain text),
 and the times of an export without `date_unixtime` made in another time zone.
 
 Bounded: one indexed query per exported message (on thread and time, see
@@ -55,20 +60,31 @@ if TYPE_CHECKING:
 
 EARLY = 2.0                  # seconds the bridge's time may precede the export's
 PERSON_LATE = 60.0           # ... and follow it, for a person's message
-BOT_LATE = 10.0              # ... for the bot's reply
+BOT_LATE = 10.0              # ... for the bot's reply (a bridge from before 2026-11 wrote
+                             # it after sending it)
+BOT_EARLY = 60.0             # seconds a reply may be archived before Telegram's time: it
+                             # is written, then sent (after its chat's pace, a retry, the
+                             # pieces of a long one before it)
 MAX_TAKEN = 4096             # taken ids kept before those no later message can name go
 BOT_ROLES = ("assistant", "system")
 
 
-def said_the_same(texts: tuple[str, ...], role: str, archived: str) -> bool:
-    """Whether the ARCHIVED text of a message of ROLE is one of TEXTS (stripped), as
-    written or, for the bot, as the person read it formatted."""
+def said_piece(texts: tuple[str, ...], role: str, archived: str) -> int | None:
+    """Which part of the ARCHIVED text of a message of ROLE one of TEXTS (stripped) is:
+    0 for the whole, as written or, for the bot, as the person read it formatted;
+    for a reply too long for one Telegram message, the number of its piece as the
+    bridge sent it (see `outbound.split_text`); None when none is."""
     if archived.strip() in texts:
-        return True
+        return 0
     if role == "user":
-        return False
+        return None
+    from opencortex.bridges.outbound import split_text
     from opencortex.bridges.render import shown_text
-    return shown_text(archived).strip() in texts
+    from opencortex.bridges.telegram import TEXT_LIMIT
+    if len(archived) <= TEXT_LIMIT:
+        return 0 if shown_text(archived).strip() in texts else None
+    return next((number for number, piece in enumerate(split_text(archived, TEXT_LIMIT))
+                 if shown_text(piece).strip() in texts), None)
 
 
 class _Taken:
@@ -101,20 +117,31 @@ class _ThreadCopies:
         message = item.message
         bot = message.role != "user" or message.sender not in self.people
         when = message.timestamp
-        start = max(when - EARLY, self.taken.floor)
+        start = max(when - (BOT_EARLY if bot else EARLY), self.taken.floor)
         end = when + (BOT_LATE if bot else PERSON_LATE)
         if end < self.first or start > self.last:
             return False
         rows = self.archive.bridged_between(
             self.thread, start, end, BOT_ROLES if bot else ("user",),
             None if bot else message.sender, platform_ids=PLATFORM_ID not in message.extra)
-        found = min(((abs(at - when), message_id, at) for message_id, role, text, at in rows
-                     if message_id not in self.taken.times and
-                     said_the_same(item.bridge_texts, role, text)), default=None)
+        found = min(((abs(at - when), key, at) for key, at in self._pieces(item, rows)
+                     if key not in self.taken.times), default=None)
         if found is None:
             return False
         self.taken.take(found[1], found[2], when)
         return True
+
+    @staticmethod
+    def _pieces(item: Item, rows: list[tuple[str, str, str, float]]
+                ) -> list[tuple[str, float]]:
+        """(key, when archived) of the archived ROWS (id, role, text, time) ITEM is the
+        whole or a piece of: the id, and "/N" after it for piece N of a long reply."""
+        found = []
+        for message_id, role, text, at in rows:
+            piece = said_piece(item.bridge_texts, role, text)
+            if piece is not None:
+                found.append((message_id if piece == 0 else f"{message_id}/{piece}", at))
+        return found
 
 
 class BridgedCopies:
