@@ -146,20 +146,24 @@ def test_a_reply_written_before_it_was_sent_is_recognised_within_bot_early(
 
 
 def test_each_piece_of_a_long_reply_stands_for_one_exported_message(archive, tmp_path):
-    """A reply over Telegram's limit went out in pieces: each exported piece is the
+    """A reply over Telegram's limit went out in pieces: each exported piece (as
+    Telegram showed its formatting, or as plain text where it refused that) is the
     archived reply's, once; the same piece exported twice is imported the second time."""
     from opencortex.bridges.outbound import split_text
+    from opencortex.bridges.render import shown_text
     from opencortex.bridges.telegram import TEXT_LIMIT
-    long = "\n\n".join(f"Part {i}: " + "text " * 300 for i in range(6))
+    long = "\n\n".join(f"Part {i}, *bold*: " + "text " * 300 for i in range(6))
     pieces = split_text(long, TEXT_LIMIT)
-    assert len(pieces) >= 2
+    assert len(pieces) >= 3
+    shown = [shown_text(piece) for piece in pieces[:-1]] + [pieces[-1]]    # the last plain
+    assert shown[0] != pieces[0]
     turn(archive, PRIVATE, 7001, "q", T0 + 0.5, long, T0 + 1)
     source = exported(tmp_path, tg(1, "q", T0),
-                      *(tg(2 + n, piece, T0 + 1 + n, BOT) for n, piece in enumerate(pieces)),
-                      tg(9, pieces[0], T0 + 9, BOT))
+                      *(tg(2 + n, piece, T0 + 1 + n, BOT) for n, piece in enumerate(shown)),
+                      tg(9, shown[0], T0 + 9, BOT))
     report = import_file(archive, source)
     assert (report.added, report.duplicates) == (1, 1 + len(pieces))
-    assert texts(archive, PRIVATE)[-1] == ("user", pieces[0].strip())
+    assert texts(archive, PRIVATE)[-1] == ("user", shown[0].strip())
 
 def test_in_a_supergroup_the_bots_replies_are_recognised_too(archive, tmp_path):
     """There the person's messages are found by their Telegram id; the bot's replies

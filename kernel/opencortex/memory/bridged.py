@@ -38,8 +38,7 @@ imported: what was said is never dropped (of two same texts within PERSON_LATE
 seconds, the one imported may carry the other's time).  What the tolerance
 misses is imported again: a message an older bridge took more than PERSON_LATE
 seconds late (the kernel was down when it was sent), an edited one (the export
-has the new text), a reply Telegram refused formatted (sent as plain text),
-and the times of an export without `date_unixtime` made in another time zone.
+has the new text), and the times of an export without `date_unixtime` made in another time zone.
 
 Bounded: one indexed query per exported message (on thread and time, see
 `timeline`), the bridge's time span and senders read once per thread, and the
@@ -71,20 +70,20 @@ BOT_ROLES = ("assistant", "system")
 
 def said_piece(texts: tuple[str, ...], role: str, archived: str) -> int | None:
     """Which part of the ARCHIVED text of a message of ROLE one of TEXTS (stripped) is:
-    0 for the whole, as written or, for the bot, as the person read it formatted;
-    for a reply too long for one Telegram message, the number of its piece as the
+    0 for the whole, as written or, for the bot, as the person read it formatted (or
+    as plain text, where Telegram refused the formatting); for a reply too long for one Telegram message, the number of its piece as the
     bridge sent it (see `outbound.split_text`); None when none is."""
     if archived.strip() in texts:
         return 0
     if role == "user":
         return None
     from opencortex.bridges.outbound import split_text
-    from opencortex.bridges.render import shown_text
+    from opencortex.bridges.render import plain, shown_text
     from opencortex.bridges.telegram import TEXT_LIMIT
-    if len(archived) <= TEXT_LIMIT:
-        return 0 if shown_text(archived).strip() in texts else None
-    return next((number for number, piece in enumerate(split_text(archived, TEXT_LIMIT))
-                 if shown_text(piece).strip() in texts), None)
+    pieces = [archived] if len(archived) <= TEXT_LIMIT else split_text(archived, TEXT_LIMIT)
+    return next((number for number, piece in enumerate(pieces)
+                 if shown_text(piece).strip() in texts or plain(piece).strip() in texts),
+                None)
 
 
 class _Taken:
