@@ -38,7 +38,8 @@ imported: what was said is never dropped (of two same texts within PERSON_LATE
 seconds, the one imported may carry the other's time).  What the tolerance
 misses is imported again: a message an older bridge took more than PERSON_LATE
 seconds late (the kernel was down when it was sent), an edited one (the export
-has the new text), and the times of an export without `date_unixtime` made in another time zone.
+has the new text), and the times of an export without `date_unixtime` made in
+another time zone.
 
 Bounded: one indexed query per exported message (on thread and time, see
 `timeline`), the bridge's time span and senders read once per thread, and the
