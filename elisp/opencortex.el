@@ -31,7 +31,8 @@
 ;; for `opencortex-home', starting one (`opencortex serve') only when none
 ;; runs there, and opens the *opencortex-chat* buffer.  Type below
 ;; the prompt and press C-c RET; the reply streams in as an org subtree.
-;; C-h m in that buffer lists its commands.
+;; C-h m in that buffer lists its commands.  From any buffer, M-x
+;; opencortex-send-region sends the region (with C-u, a question about it).
 ;;
 ;; Emacs finds the kernel by itself: the opencortex of the Python
 ;; installation these files came with (a source checkout's .venv, or the
@@ -222,6 +223,44 @@ A text starting with / is a slash command; anything else a message."
           (format "Your message was not sent: %s.%s" message
                   (if from-input " It is back in the input area: C-c RET tries again." "")))
          (when from-input (opencortex--restore-input text))))))))
+
+;;;###autoload
+(defun opencortex-send-region (start end &optional question)
+  "Send the text between START and END to the chat, after QUESTION.
+Interactively the region, and with a prefix argument a question about it,
+read in the minibuffer.  The text goes as an org block (a source block
+in the buffer's language in a programming mode), escaped as org escapes
+code, so nothing in it can end the block; the chat buffer is shown."
+  (interactive
+   (progn
+     (unless (use-region-p)
+       (user-error "No region: mark the text to send first"))
+     (list (region-beginning) (region-end)
+           (and current-prefix-arg (read-string "Ask about the region: ")))))
+  (let ((text (buffer-substring-no-properties start end))
+        (question (string-trim (or question ""))))
+    (when (string-empty-p (string-trim text))
+      (user-error "Nothing to send: the region is blank"))
+    (let ((block (opencortex--region-block text (opencortex--region-language))))
+      (display-buffer (opencortex--chat-buffer))
+      (opencortex-send (if (string-empty-p question) block
+                         (concat question "\n\n" block))))))
+
+(defun opencortex--region-language ()
+  "The language of the current buffer's code, for a source block, or nil."
+  (when (derived-mode-p 'prog-mode)
+    (replace-regexp-in-string
+     "\\(?:-ts\\)?-mode\\'" "" (symbol-name major-mode))))
+
+(defun opencortex--region-block (text language)
+  "TEXT as an org source block in LANGUAGE (nil: an example block).
+Lines of TEXT that org would read as a heading or a block line are escaped
+with a comma, as `org-escape-code-in-string' does."
+  (require 'org-src)
+  (format "#+begin_%s\n%s\n#+end_%s"
+          (if language (concat "src " language) "example")
+          (string-trim-right (org-escape-code-in-string text) "\n+")
+          (if language "src" "example")))
 
 (defun opencortex-abort ()
   "Abort the turn in progress."

@@ -466,6 +466,36 @@ update (before, it waited for the coalescing timer: ~35 ms between turns)."
     (should (equal (opencortex-test--transcript) "* You\nWhat is 2+2?\n"))
     (should-error (opencortex-send) :type 'user-error)))
 
+(ert-deftest opencortex-send-region-from-another-buffer ()
+  "The region goes to the chat as an org block, escaped, after the question asked."
+  (opencortex-test--with-chat
+    (with-temp-buffer
+      (insert "before\ndef f():\n* not a heading\n#+end_src\nafter\n")
+      (python-mode)
+      (transient-mark-mode 1)
+      (goto-char (point-min))
+      (forward-line 1)
+      (push-mark (point) t t)
+      (forward-line 3)
+      (cl-letf (((symbol-function 'read-string) (lambda (&rest _) "  What is wrong? ")))
+        (let ((current-prefix-arg '(4)))
+          (call-interactively #'opencortex-send-region))))
+    (let ((sent "What is wrong?\n\n#+begin_src python\ndef f():\n,* not a heading\n,#+end_src\n#+end_src"))
+      (should (equal (nth 1 (car (opencortex-test--calls-to 'send-message))) (list "main" sent)))
+      (should (equal (opencortex-test--transcript) (format "* You\n%s\n" sent))))
+    (with-temp-buffer
+      (insert "plain words")
+      (text-mode)
+      (opencortex-send-region (point-min) (point-max)))
+    (should (equal (nth 1 (cadr (opencortex-test--calls-to 'send-message)))
+                   '("main" "#+begin_example\nplain words\n#+end_example")))
+    (with-temp-buffer
+      (insert "  \n")
+      (transient-mark-mode 1)
+      (deactivate-mark)
+      (should-error (call-interactively #'opencortex-send-region) :type 'user-error)
+      (should-error (opencortex-send-region (point-min) (point-max)) :type 'user-error))))
+
 (ert-deftest opencortex-send-failure-restores-input ()
   "A message the kernel did not take comes back into the input area."
   (opencortex-test--with-chat
