@@ -89,7 +89,7 @@ class ChatMessage(BaseModel):
                                     max_length=MAX_DISPLAY_NAME)
     message_id: str | None = Field(default=None, max_length=256)  # the platform's, if any
     received_at: datetime = Field(default_factory=_now)
-    sent_at: datetime | None = None     # when it was sent, by the platform's word (see said_at)
+    sent_at: datetime | None = None     # when sent, as the platform says (see said_at)
 
     @field_validator("text")
     @classmethod
@@ -118,7 +118,9 @@ class ChatMessage(BaseModel):
     @field_validator("received_at", "sent_at")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
-        return value if value is None or value.tzinfo else value.replace(tzinfo=timezone.utc)
+        if value is None or value.tzinfo:
+            return value
+        return value.replace(tzinfo=timezone.utc)
 
     @property
     def said_at(self) -> datetime:

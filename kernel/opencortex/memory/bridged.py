@@ -32,14 +32,14 @@ a message archived by a bridge (not imported) that
   stands for each of them once.
 
 Each archived message stands for one exported message at most (a long reply:
-for one of each of its pieces): the nearest in time not taken yet.  So two "ok" of one person seconds apart, both archived,
-are both recognised, and of two the bridge did not both archive, one is
-imported: what was said is never dropped (of two same texts within PERSON_LATE
-seconds, the one imported may carry the other's time).  What the tolerance
-misses is imported again: a message an older bridge took more than PERSON_LATE
-seconds late (the kernel was down when it was sent), an edited one (the export
-has the new text), and the times of an export without `date_unixtime` made in
-another time zone.
+for one per piece), the nearest in time not taken yet.  So two "ok" of one
+person seconds apart, both archived, are both recognised, and of two the
+bridge did not both archive, one is imported: what was said is never dropped
+(of two same texts within PERSON_LATE seconds, the one imported may carry the
+other's time).  What the tolerance misses is imported again: a message an
+older bridge took more than PERSON_LATE seconds late (the kernel was down when
+it was sent), an edited one (the export has the new text), and the times of an
+export without `date_unixtime` made in another time zone.
 
 Bounded: one indexed query per exported message (on thread and time, see
 `timeline`), the bridge's time span and senders read once per thread, and the
@@ -72,8 +72,9 @@ BOT_ROLES = ("assistant", "system")
 def said_piece(texts: tuple[str, ...], role: str, archived: str) -> int | None:
     """Which part of the ARCHIVED text of a message of ROLE one of TEXTS (stripped) is:
     0 for the whole, as written or, for the bot, as the person read it formatted (or
-    as plain text, where Telegram refused the formatting); for a reply too long for one Telegram message, the number of its piece as the
-    bridge sent it (see `outbound.split_text`); None when none is."""
+    as plain text, where Telegram refused the formatting); for a reply too long for
+    one Telegram message, the number of its piece as the bridge sent it (see
+    `outbound.split_text`); None when none is."""
     if archived.strip() in texts:
         return 0
     if role == "user":
