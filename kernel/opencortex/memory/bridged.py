@@ -66,26 +66,24 @@ BOT_EARLY = 60.0             # seconds a reply may be archived before Telegram's
                              # is written, then sent (after its chat's pace, a retry, the
                              # pieces of a long one before it)
 MAX_TAKEN = 4096             # taken ids kept before those no later message can name go
+MAX_FORMS = 4096             # archived messages whose forms (see `seen_forms`) are kept
 BOT_ROLES = ("assistant", "system")
 
 
-def said_piece(texts: tuple[str, ...], role: str, archived: str) -> int | None:
-    """Which part of the ARCHIVED text of a message of ROLE one of TEXTS (stripped) is:
-    0 for the whole, as written or, for the bot, as the person read it formatted (or
-    as plain text, where Telegram refused the formatting); for a reply too long for
-    one Telegram message, the number of its piece as the bridge sent it (see
-    `outbound.split_text`); None when none is."""
-    if archived.strip() in texts:
-        return 0
+def seen_forms(role: str, archived: str) -> list[frozenset[str]]:
+    """Each piece of the ARCHIVED text of a message of ROLE as an export may hold it
+    (stripped): for the person, the text as written; for the bot, also as the person
+    read it formatted (or as plain text, where Telegram refused the formatting), and
+    a reply too long for one Telegram message as the pieces the bridge sent (see
+    `outbound.split_text`).  The first piece's forms include the whole as written."""
     if role == "user":
-        return None
+        return [frozenset((archived.strip(),))]
     from opencortex.bridges.outbound import split_text
     from opencortex.bridges.render import plain, shown_text
     from opencortex.bridges.telegram import TEXT_LIMIT
     pieces = [archived] if len(archived) <= TEXT_LIMIT else split_text(archived, TEXT_LIMIT)
-    return next((number for number, piece in enumerate(pieces)
-                 if shown_text(piece).strip() in texts or plain(piece).strip() in texts),
-                None)
+    forms = [frozenset((shown_text(piece).strip(), plain(piece).strip())) for piece in pieces]
+    return [forms[0] | {archived.strip()}, *forms[1:]]
 
 
 class _Taken:
@@ -112,6 +110,7 @@ class _ThreadCopies:
         self.archive, self.thread = archive, thread
         self.first, self.last, self.people = span
         self.taken = _Taken()
+        self._forms: dict[str, list[frozenset[str]]] = {}   # archived id -> `seen_forms`
 
     def take(self, item: Item) -> bool:
         """Whether ITEM is a copy of a message archived here, not taken yet (taken then)."""
@@ -132,14 +131,21 @@ class _ThreadCopies:
         self.taken.take(found[1], found[2], when)
         return True
 
-    @staticmethod
-    def _pieces(item: Item, rows: list[tuple[str, str, str, float]]
+    def _pieces(self, item: Item, rows: list[tuple[str, str, str, float]]
                 ) -> list[tuple[str, float]]:
         """(key, when archived) of the archived ROWS (id, role, text, time) ITEM is the
-        whole or a piece of: the id, and "/N" after it for piece N of a long reply."""
+        whole or a piece of: the id, and "/N" after it for piece N of a long reply.
+        Each row's forms are worked out once (a row is in the window of several
+        exported messages), for the last MAX_FORMS rows."""
         found = []
         for message_id, role, text, at in rows:
-            piece = said_piece(item.bridge_texts, role, text)
+            forms = self._forms.get(message_id)
+            if forms is None:
+                if len(self._forms) >= MAX_FORMS:
+                    self._forms.clear()
+                forms = self._forms[message_id] = seen_forms(role, text)
+            piece = next((number for number, seen in enumerate(forms)
+                          if not seen.isdisjoint(item.bridge_texts)), None)
             if piece is not None:
                 found.append((message_id if piece == 0 else f"{message_id}/{piece}", at))
         return found
