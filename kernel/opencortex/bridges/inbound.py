@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Kind = Literal["text", "media", "edit", "deletion", "other"]
 
@@ -34,3 +34,11 @@ class Inbound:
     # When the platform says it was sent (epoch seconds; None: it says nothing).  The
     # kernel dates the message by it within bounds (see `events.ChatMessage.said_at`).
     sent_at: float | None = None
+
+
+def from_milliseconds(stamp: Any) -> float | None:
+    """A platform's time in milliseconds since the epoch (Signal's, Matrix's) as
+    seconds, for `Inbound.sent_at`; None when STAMP is no whole number."""
+    if isinstance(stamp, bool) or not isinstance(stamp, int):
+        return None
+    return stamp / 1000

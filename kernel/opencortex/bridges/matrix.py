@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from opencortex.bridges.contract import BridgeError, Decision, Platform
-from opencortex.bridges.inbound import Inbound
+from opencortex.bridges.inbound import Inbound, from_milliseconds
 from opencortex.bridges.matrix_crypto import Undecrypted
 from opencortex.bridges.matrix_events import RoomEvent, reaction_answer, read_event
 from opencortex.bridges.matrix_session import MatrixSession
@@ -177,14 +177,13 @@ class MatrixPlatform(Platform):
         if seen.sender in self.session.trust.people and seen.kind in ("text", "media"):
             self._threads[room_id] = (seen.thread_root, seen.event_id)
         room = self.client.rooms.get(room_id)
-        stamp = getattr(event, "server_timestamp", None)      # the sender's server's, in ms
+        stamp = getattr(event, "server_timestamp", None)      # the sender's server's
         return Inbound(position=position, chat_id=room_id, sender_id=seen.sender,
                        message_id=seen.event_id, text=seen.text, kind=seen.kind,  # type: ignore
                        is_group=room is not None and room.member_count > 2,
                        addressed_to_bot=self._addressed(room, seen),
                        sender_name=(room.user_name(seen.sender) or "") if room else "",
-                       sent_at=stamp / 1000 if isinstance(stamp, int) and
-                       not isinstance(stamp, bool) else None)
+                       sent_at=from_milliseconds(stamp))
 
     def _decision(self, room_id: str, seen: RoomEvent, position: int) -> Decision | None:
         bound = self._approvals.get(seen.reacts_to)

@@ -43,7 +43,7 @@ from typing import Any
 
 from opencortex.bridges.approvals import parse_answer
 from opencortex.bridges.contract import BridgeError, Decision, FormattingRejected, Platform
-from opencortex.bridges.inbound import Inbound
+from opencortex.bridges.inbound import Inbound, from_milliseconds
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.settings import SignalSettings
 from opencortex.bridges.signal_envelope import (addresses, data_message, kind_of,
@@ -280,8 +280,7 @@ class SignalPlatform(Platform):
                        addressed_to_bot=bool(group) and addresses(data, self.account),
                        sender_name=str(envelope.get("sourceName") or ""),
                        sender_aliases=(number,) if isinstance(number, str) and number else (),
-                       sent_at=stamp / 1000 if isinstance(stamp, int) and
-                       not isinstance(stamp, bool) else None)     # milliseconds
+                       sent_at=from_milliseconds(stamp))
 
     def _reaction(self, chat: str, sender: str, reaction: dict[str, Any]) -> Decision | None:
         """A reaction on a shown approval as a Decision (every other reaction: nothing)."""
