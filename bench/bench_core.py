@@ -17,7 +17,6 @@ Figures:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import sexpdata
 
-from figures import percentile, timed
+from figures import percentile, thread_cpu, timed
 from opencortex.events import Thread, chat_message
 from opencortex.memory import Archive, NewMessage
 from opencortex.reader import read_plist
@@ -112,6 +111,10 @@ def until_durable(record: list[float], submit):
     return wrapper
 
 
+THREAD_ROLES = {"MainThread": "loop", "opencortex-reader": "reading",
+                "opencortex-judge": "judging", "opencortex-archive-writer": "writing"}
+
+
 def bench_kernel(turns: int = 500) -> None:
     """Whole turns with the echo backend, on the loop `serve` runs on (`event_loop`,
     uvloop where installed), and the same turns without the archive's locked, fsync'd
@@ -121,7 +124,9 @@ def bench_kernel(turns: int = 500) -> None:
     written by the writer thread; then the whole turn on asyncio's own loop, with the
     threads on any CPU, and with the files written by a child process as serve has them
     written with `[memory] write_process = true` (its round trip adds to every turn),
-    for comparison."""
+    for comparison.  Then the CPU a turn used in each of the kernel's threads (the loop,
+    the reading, judging and writing threads; /proc, Linux only): a turn is CPU-bound,
+    so these add up to about its mean time, and say where it goes."""
     from opencortex.config import load_config
     from opencortex.eventloop import loop_factory, run
     try:
@@ -149,7 +154,7 @@ def bench_kernel(turns: int = 500) -> None:
         threads PLACED as serve places them (else on any CPU), the files written by a
         CHILD process (`[memory] write_process`; else by the writer thread), and with
         PARTS, their appends' and recalls' (else empty); that loop's name; whether
-        they were placed."""
+        they were placed; the CPU seconds a turn each thread used (see `thread_cpu`)."""
         with tempfile.TemporaryDirectory() as tmp:
             config = load_config(Path(tmp))
             choice = choice or config.event_loop
@@ -175,16 +180,19 @@ def bench_kernel(turns: int = 500) -> None:
                         appends, kernel.archive.append)
                 recall = kernel.conversations.recall
                 recall.recall = timed(recalls, recall.recall)  # type: ignore[method-assign]
+            before = thread_cpu()
             whole = run(measure(kernel, count), choice)
+            after = thread_cpu()
             run(kernel.aclose(), choice)
             if placed:
                 PLACEMENT.release()
             gc.unfreeze()
             gc.set_threshold(*thresholds)
+        cpu = {name: (used - before.get(name, 0.0)) / count for name, used in after.items()}
         return (whole, appends, recalls, "uvloop" if loop_factory(choice) else "asyncio",
-                placed)
+                placed, cpu)
 
-    whole, appends, recalls, loop, placed = whole_turns(None, turns, parts=True)
+    whole, appends, recalls, loop, placed, cpu = whole_turns(None, turns, parts=True)
     core = [t - a - r for t, a, r in zip(whole, appends, recalls)]
     where = "threads on one CPU" if placed else "threads on any CPU"
     print(f"kernel turn, echo backend ({turns} turns, on {loop}, {where}, files written by "
@@ -195,6 +203,12 @@ def bench_kernel(turns: int = 500) -> None:
         print(f"  {label:<26} p50 {percentile(values, .5) * 1e3:7.3f} ms   "
               f"p99 {percentile(values, .99) * 1e3:7.3f} ms"
               + ("   (target: whole turn p50 <= 2 ms)" if label.startswith("the rest") else ""))
+    if cpu:
+        shown = {THREAD_ROLES.get(name, name): used for name, used in cpu.items() if used > 0}
+        print(f"  {'CPU a turn, by thread':<26} " + ", ".join(
+            f"{name} {used * 1e3:.2f}" for name, used in sorted(
+                shown.items(), key=lambda item: -item[1])) +
+            f" ms (sum {sum(shown.values()) * 1e3:.2f}; wall {statistics.mean(whole) * 1e3:.2f})")
     if loop != "asyncio":
         plain, *_ = whole_turns("asyncio", turns)
         print(f"  {'whole turn on asyncio':<26} p50 {percentile(plain, .5) * 1e3:7.3f} ms   "
