@@ -50,7 +50,7 @@ class KernelProcess:
             [sys.executable, "-m", "opencortex", "serve", "--home", str(home),
              "--backend", "echo"], stdout=subprocess.PIPE, stderr=self.stderr, env=env)
         self.port = int(self.process.stdout.readline())
-        from opencortex.serve import default_connection_file
+        from opencortex.serve_port import default_connection_file
         written = default_connection_file(home, runtime / "opencortex")
         self.secret = json.loads(written.read_text())["secret"]
         time.sleep(0.5)                               # let its server thread start

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from epc.client import EPCClient
 
-from opencortex.serve import default_connection_file
+from opencortex.serve_port import default_connection_file
 
 from conftest import cli_env
 

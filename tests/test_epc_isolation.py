@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_env
-from opencortex.serve import UnsafeDirectory, private_directory
+from opencortex.serve_port import UnsafeDirectory, private_directory
 from test_epc import FakeEmacs, finals, plist, start  # noqa: F401  (start: a fixture)
 
 

@@ -28,7 +28,7 @@ from opencortex.memory import Archive
 from opencortex.placement import (BUSY_SHARE, MARGIN, PLACEMENT, CpuTimes, Placement,
                                   idler_cpu, on_one_cpu, others_share, read_cpu_times,
                                   thread_ids)
-from opencortex.serve import default_connection_file
+from opencortex.serve_port import default_connection_file
 
 from conftest import cli_env
 

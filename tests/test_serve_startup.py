@@ -1,5 +1,5 @@
-"""Start-up: `opencortex serve` prints its port before it builds the kernel (early
-calls wait), and the message index opens only when first used.
+"""Start-up: `opencortex serve` prints its port before it reads its configuration or
+builds the kernel (early calls wait), and the message index opens only when first used.
 
 A skill that blocks its own loading until the test opens a gate shows the order:
 the port line and the connection file come first; a client that connects and
@@ -8,18 +8,24 @@ calls at once is answered once the kernel is built, and never refused.
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import signal
 import sqlite3
 import stat
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from epc.client import EPCClient
 
+from opencortex.homelock import HomeLock
 from opencortex.memory.index import MessageIndex
-from opencortex.serve import default_connection_file
+from opencortex.serve_port import (Stopped, bound_port, default_connection_file,
+                                   stopped_by_signals)
 
 from conftest import cli_env
 
@@ -78,6 +84,63 @@ def test_port_line_comes_before_the_build_and_early_calls_wait(home, tmp_path):
     assert not written.exists()
     cached = list((home / "cache" / "skills").iterdir())
     assert cached and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in cached)
+
+
+# What serve has imported when it prints its port line (a run stopped right there).
+AT_THE_PORT_LINE = """\
+import sys
+import opencortex.serve_port as port
+def announce(self, stdout, **extra):
+    heavy = ("pydantic", "asyncio", "opencortex.config", "opencortex.kernel")
+    print(sorted(name for name in heavy if name in sys.modules))
+    raise SystemExit(0)
+port.Bound.announce = announce
+from opencortex.cli import main
+main(["serve", "--home", sys.argv[1], "--backend", "echo"])
+"""
+
+
+def test_the_port_line_comes_before_the_configuration_and_asyncio_are_imported(home,
+                                                                                 tmp_path):
+    """Issue 14: the port line within 0.3 s.  Reading the configuration imports pydantic and
+    every settings model (0.2-0.25 s of a 0.32-0.39 s port line on a slow day): the port
+    comes first now, so nothing heavy may creep back in before it."""
+    result = subprocess.run([sys.executable, "-c", AT_THE_PORT_LINE, str(home)],
+                            capture_output=True, text=True, timeout=120,
+                            env=cli_env(home, XDG_RUNTIME_DIR=str(tmp_path / "run")))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_a_configuration_error_after_the_port_line_is_said_and_leaves_nothing_behind(
+        home, tmp_path):
+    (home / "config.toml").write_text('event_loop = "tokio"\n')
+    runtime = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "opencortex", "serve", "--home", str(home), "--backend", "echo"],
+        capture_output=True, text=True, timeout=120,
+        env=cli_env(home, XDG_RUNTIME_DIR=str(runtime)))
+    assert result.stdout.strip().isdigit()              # the port came first, as always
+    assert result.returncode != 0 and "event_loop" in result.stderr, result.stderr
+    assert not default_connection_file(home, runtime / "opencortex").exists()
+    HomeLock(home).release()                            # given back: it can be taken again
+
+
+def test_a_stop_signal_before_the_event_loop_gives_the_port_and_the_lock_back(home, tmp_path):
+    """Between the port line and the event loop (the configuration read, the imports) a
+    SIGTERM must not end the process where it stands: the connection file would stay,
+    naming a port nobody answers on."""
+    written = tmp_path / "run" / "kernel.json"
+    with pytest.raises(Stopped):
+        with stopped_by_signals(), bound_port(home, connection_file=written) as bound:
+            bound.announce(io.StringIO())
+            assert written.exists()
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100):                # the handler runs at the next bytecode
+                time.sleep(0.01)
+    assert not written.exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL    # as it was before
+    HomeLock(home).release()
 
 
 def test_the_index_opens_on_first_use(tmp_path):

@@ -1,5 +1,8 @@
 """The `opencortex` command: argument parsing and printing only.
 
+Light at import (no pydantic, no asyncio): `serve` prints its port line before it
+reads the configuration (see `serve_port`), so each command imports what it needs.
+
 Exit codes and `--json` follow one contract (see `opencortex.clireport`):
 0 ok, 1 failed, 2 usage; with `--json` standard output is exactly one JSON
 object, errors included: {"status": "error", "error": "...", "errors": [...],
@@ -9,21 +12,23 @@ object, errors included: {"status": "error", "error": "...", "errors": [...],
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import shlex
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from opencortex import __version__
 from opencortex.clireport import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, UsageError, fail,
                                   print_json, reader_gone, usage_failure, wants_json)
-from opencortex.config import Config, ConfigError, load_config
-from opencortex.events import EventError, Thread, chat_message
 from opencortex.homeaccess import HomeNotWritable, require_writable_home, sole_writer
 from opencortex.homelock import HomeInUse
+from opencortex.homepath import home_of
+
+if TYPE_CHECKING:
+    from opencortex.config import Config
+    from opencortex.events import Thread
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
 
@@ -48,6 +53,7 @@ def _backend_options(parser: argparse.ArgumentParser) -> None:
 
 def _config_for(args: argparse.Namespace) -> Config:
     """The configuration with the command's --backend, --script and --model applied."""
+    from opencortex.config import load_config
     config = load_config(args.home, backend=args.backend, script=args.script)
     if args.script and not args.backend:
         config = config.model_copy(update={"backend": "script"})
@@ -163,6 +169,7 @@ def _fail(message: str, code: int = EXIT_FAILED, *, as_json: bool = False) -> in
 # -- commands -----------------------------------------------------------------
 
 async def _chat_once(config: Config, args: argparse.Namespace, thread: Thread) -> int:
+    from opencortex.events import chat_message
     from opencortex.runtime import build_kernel
     shown: list[str] = []
     kernel = build_kernel(config, writer=shown.append if args.json else None)
@@ -207,11 +214,13 @@ async def _chat_loop(config: Config, thread: Thread, session: str | None) -> int
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    import asyncio
+    from opencortex.events import Thread, chat_message
     config = _config_for(args)
     thread = Thread.parse(args.thread)
     if args.message is not None:
         chat_message(args.message, thread.channel, thread.chat_id)    # refuse blank text first
-    require_writable_home(config, "chatting")
+    require_writable_home(config.home, "chatting")
     with sole_writer(config):
         if args.message is not None:
             return asyncio.run(_chat_once(config, args, thread))
@@ -227,6 +236,9 @@ def cmd_read_action(args: argparse.Namespace) -> int:
     """Judge a reply exactly as a turn would, pinning rule and approval policy included.
     No channel can approve in a dry run, so a reply to another conversation shows as
     rejected, with the address it must use."""
+    import asyncio
+    from opencortex.config import load_config
+    from opencortex.events import chat_message
     from opencortex.runtime import build_kernel
     from opencortex.untrusted import visible
     # Undecodable bytes become lone surrogates, which the reader refuses with their place.
@@ -268,22 +280,44 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from opencortex.eventloop import EventLoopUnavailable, run
-    from opencortex.serve import serve
-    config = _config_for(args)
-    require_writable_home(config, "serving")
+    """The home's lock held and the port line printed first, then the configuration read
+    and the kernel built (see `serve_port`); with --ws the kernel first, since the
+    wire's port goes in the connection file too."""
+    from opencortex.serve_port import Stopped, bound_port, stopped_by_signals
+    home = home_of(args.home)
+    require_writable_home(home, "serving")
     try:
+        if args.ws_port is not None:
+            return _serve(args)
+        with stopped_by_signals(), bound_port(home, port=args.port,
+                                              connection_file=args.connection_file) as bound:
+            bound.announce(sys.stdout)
+            return _serve(args, bound)
+    except Stopped:                     # before the kernel's loop took the signals over
+        return EXIT_OK
+    except HomeInUse as error:
+        return _fail(str(error))
+
+
+def _serve(args: argparse.Namespace, bound: Any = None) -> int:
+    """Read the configuration and serve, on BOUND when the port is bound already."""
+    from opencortex.eventloop import EventLoopUnavailable, run
+    from opencortex.serve import serve, serve_bound
+    config = _config_for(args)
+    try:
+        if bound is not None:
+            return run(serve_bound(config, bound), config.event_loop)
         return run(serve(config, port=args.port, connection_file=args.connection_file,
                          ws_port=args.ws_port), config.event_loop)
-    except (HomeInUse, EventLoopUnavailable) as error:
+    except EventLoopUnavailable as error:
         return _fail(str(error))
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    from opencortex.serve import default_connection_file
+    import asyncio
+    from opencortex.serve_port import default_connection_file
     from opencortex.wire_client import WireError, endpoint, run_client
-    config = load_config(args.home)
-    args.connection_file = args.connection_file or default_connection_file(config.home)
+    args.connection_file = args.connection_file or default_connection_file(home_of(args.home))
     try:
         url, token = endpoint(args)
     except WireError as error:
@@ -292,6 +326,7 @@ def cmd_client(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from opencortex.config import load_config
     from opencortex.doctor import run_checks
     config = load_config(args.home)
     failed = 0
@@ -350,7 +385,7 @@ def _run(args: argparse.Namespace, as_json: bool) -> int:
         return reader_gone()
     except (HomeNotWritable, HomeInUse) as error:
         return _fail(str(error), as_json=as_json)
-    except (ConfigError, EventError, ValueError) as error:
+    except ValueError as error:     # ConfigError and EventError among them: they say it
         return _fail(str(error), as_json=as_json)
     except OSError as error:
         where = f"{error.filename}: " if error.filename else ""

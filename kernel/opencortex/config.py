@@ -1,10 +1,6 @@
 """Configuration: one TOML file plus environment overrides, read into one typed Config.
 
-Where things live (XDG base directories):
-- home (memory, runtime files): `--home DIR`, else `$OPENCORTEX_HOME`,
-  else `$XDG_DATA_HOME/opencortex` (`~/.local/share/opencortex`).
-- the TOML file: `$OPENCORTEX_CONFIG`, else `HOME/config.toml` when `--home` or
-  `$OPENCORTEX_HOME` names a home, else `$XDG_CONFIG_HOME/opencortex/config.toml`.
+Where things live (XDG base directories) is `homepath`'s: the home, the TOML file.
 
 Environment overrides beat the file: OPENCORTEX_BACKEND, OPENCORTEX_MODEL (`[llm]
 model`), OPENCORTEX_SCRIPT, OPENCORTEX_SKILL_DIRS (paths joined by the OS path
@@ -23,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from opencortex.bridges.settings import BridgesSettings
 from opencortex.budget_settings import BudgetSettings
 from opencortex.conversation.settings import ConversationSettings
+from opencortex.homepath import config_path, home_of, memory_dir
 from opencortex.llm.settings import LLMSettings
 from opencortex.memory.embedding_settings import MemorySettings
 from opencortex.policy import ApprovalSettings
@@ -126,7 +123,7 @@ class Config(BaseModel):
 
     @property
     def memory_dir(self) -> Path:
-        return self.home / "memory"
+        return memory_dir(self.home)
 
     @property
     def all_skill_dirs(self) -> list[Path]:
@@ -137,25 +134,6 @@ class Config(BaseModel):
     @property
     def persona_file(self) -> Path:
         return self.persona or BUNDLED_PERSONA
-
-
-def _xdg(name: str, fallback: str) -> Path:
-    value = os.environ.get(name)
-    return Path(value) if value else Path.home() / fallback
-
-
-def default_home() -> Path:
-    if os.environ.get("OPENCORTEX_HOME"):
-        return Path(os.environ["OPENCORTEX_HOME"])
-    return _xdg("XDG_DATA_HOME", ".local/share") / "opencortex"
-
-
-def config_path(home: Path | None) -> Path:
-    if os.environ.get("OPENCORTEX_CONFIG"):
-        return Path(os.environ["OPENCORTEX_CONFIG"])
-    if home is not None or os.environ.get("OPENCORTEX_HOME"):
-        return (home or default_home()) / "config.toml"
-    return _xdg("XDG_CONFIG_HOME", ".config") / "opencortex" / "config.toml"
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -230,7 +208,7 @@ def load_config(home: Path | str | None = None, **overrides: Any) -> Config:
     given = {k: v for k, v in overrides.items() if v is not None}
     _resolve_paths(given, Path.cwd())
     fields.update(given)
-    fields["home"] = (home_path or default_home()).resolve()
+    fields["home"] = home_of(home_path)
     fields["config_file"] = path if path.is_file() else None
     try:
         return Config.model_validate(fields)

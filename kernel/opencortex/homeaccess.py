@@ -10,32 +10,39 @@ from __future__ import annotations
 
 import tempfile
 from contextlib import contextmanager
-from typing import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
-from opencortex.config import Config
 from opencortex.homelock import HomeInUse, HomeLock
+from opencortex.homepath import memory_dir
+
+if TYPE_CHECKING:
+    from opencortex.config import Config
 
 
 class HomeNotWritable(OSError):
     """The home cannot be written; the message says so once, with what still works."""
 
 
-def home_problem(config: Config) -> str | None:
-    """Why the home cannot be written (None when it can): one try at a temporary file."""
+def home_problem(home: Path) -> str | None:
+    """Why HOME cannot be written (None when it can): one try at a temporary file in
+    its archive's directory."""
+    archive = memory_dir(home)
     try:
-        config.memory_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=config.memory_dir, prefix=".write-test-"):
+        archive.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=archive, prefix=".write-test-"):
             pass
     except OSError as error:
         return error.strerror or type(error).__name__
     return None
 
 
-def require_writable_home(config: Config, what: str) -> None:
-    """Refuse WHAT (chatting, serving, …) at once, clearly, when the home is read-only."""
-    problem = home_problem(config)
+def require_writable_home(home: Path, what: str) -> None:
+    """Refuse WHAT (chatting, serving, …) at once, clearly, when HOME is read-only.
+    Light: serve asks before its configuration is read (see `serve_port`)."""
+    problem = home_problem(home)
     if problem is not None:
-        raise HomeNotWritable(f"cannot write to {config.home} ({problem}); {what} needs a "
+        raise HomeNotWritable(f"cannot write to {home} ({problem}); {what} needs a "
                               "writable home: fix its permissions or pass --home DIR. "
                               "`opencortex memory search` still works.")
 

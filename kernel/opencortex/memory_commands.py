@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def run_memory_command(args: argparse.Namespace) -> int:
     config = load_config(args.home)
     if args.memory_command == "reindex":
-        require_writable_home(config, "reindexing")
+        require_writable_home(config.home, "reindexing")
         with sole_writer(config), _archive(config) as archive:
             count = archive.reindex()
         print(f"reindexed {count} messages from {config.memory_dir}")
@@ -32,7 +32,7 @@ def run_memory_command(args: argparse.Namespace) -> int:
     if args.memory_command == "import":
         return _import(config, args)
     thread = Thread.parse(args.thread) if args.thread else None
-    problem = home_problem(config)
+    problem = home_problem(config.home)
     warnings = [] if problem is None else [
         f"cannot write to {config.home} ({problem}); searching the org files directly "
         "(slower, nothing is saved)"]
@@ -52,7 +52,7 @@ def _forget(config: Config, args: argparse.Namespace) -> int:
     from opencortex.memory.retention import count_forgettable, forget, parse_before
     thread = Thread.parse(args.thread)
     before = parse_before(args.before) if args.before else None
-    require_writable_home(config, "forgetting")
+    require_writable_home(config.home, "forgetting")
     with sole_writer(config), _archive(config) as archive:
         count = count_forgettable(archive, thread, before)
         if count == 0:
@@ -85,7 +85,7 @@ def import_history(archive: Archive, path: Path, **options: Any) -> ImportReport
 def _import(config: Config, args: argparse.Namespace) -> int:
     """`memory import FILE`: import as the home's only writer, then say what happened."""
     thread = Thread.parse(args.thread) if args.thread else None
-    require_writable_home(config, "importing")
+    require_writable_home(config.home, "importing")
     with sole_writer(config), _archive(config) as archive:
         report = import_history(archive, args.file, fmt=args.format, thread=thread,
                                 assistants=args.assistant, partition=_owner_function(config))

@@ -5,12 +5,13 @@ refused, naming the running one), then serves Emacs over EPC, the bridges the
 configuration enables, and with `--ws PORT` the ChatEvent wire.
 
 The first line on stdout is the EPC port, and nothing is printed before it.  It
-comes as soon as the lock is held and the port is bound (without `--ws`): the
+comes as soon as the lock is held and the port is bound (without `--ws`; see
+`serve_port`): `opencortex serve` reads its configuration after it, and the
 kernel is built after it (imports, skills, archive).  Connections made meanwhile
 wait in the socket's listen queue and are accepted, authenticated and answered
-once the kernel is ready, so an early call waits and never fails; a kernel that
-cannot be built exits with its error on stderr (Emacs, then authenticating, says
-it could not start).  With `--ws` the kernel is built first, since the wire port
+once the kernel is ready, so an early call waits and never fails; a configuration
+that cannot be read, or a kernel that cannot be built, exits with its error on
+stderr (Emacs, then authenticating, says it could not start).  With `--ws` the kernel is built first, since the wire port
 goes in the connection file too.  The
 secret comes from `$OPENCORTEX_SECRET` when Emacs starts the kernel (and is then
 removed from the environment, so no child process inherits it, and hidden from
@@ -32,27 +33,19 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hashlib
-import json
 import logging
-import os
-import secrets
-import signal
 import socket
-import stat
 import sys
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from opencortex.config import Config
-from opencortex.environ_scrub import scrub_process_environment
 from opencortex.eventloop import loop_name
-from opencortex.files import replace_file
-from opencortex.homelock import HomeLock
 from opencortex.placement import PLACEMENT, on_one_cpu
+from opencortex.serve_port import STOP_SIGNALS, Bound, bound_port
 
-if TYPE_CHECKING:     # the kernel's modules load after the port line (see `_serve_locked`)
+if TYPE_CHECKING:     # the kernel's modules load after the port line (see `serve_bound`)
+    from opencortex.config import Config
     from opencortex.emacs import EmacsService
     from opencortex.epc import KernelEpcServer
     from opencortex.kernel import Kernel
@@ -60,60 +53,7 @@ if TYPE_CHECKING:     # the kernel's modules load after the port line (see `_ser
 
 log = logging.getLogger(__name__)
 
-LISTEN_BACKLOG = 16
-"""Connections the EPC port queues while the kernel is built (and between accepts)."""
 YOUNG_COLLECTION = 10_000     # allocations between two young collections (Python: 700)
-
-
-def runtime_dir() -> Path:
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(base) / "opencortex" if base else Path(f"/tmp/opencortex-{os.getuid()}")
-
-
-def default_connection_file(home: Path | None = None, runtime: Path | None = None) -> Path:
-    """The connection file of the kernel of HOME (default: the default home), in RUNTIME
-    (default: `runtime_dir()`)."""
-    from opencortex.config import default_home
-    resolved = str(Path(home or default_home()).expanduser().resolve())
-    digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
-    return (runtime or runtime_dir()) / f"kernel-{digest}.json"
-
-
-class UnsafeDirectory(ValueError):
-    """The connection file's directory could be read or changed by someone else."""
-
-
-def private_directory(path: Path) -> Path:
-    """PATH as a directory only this user can change: created 0700 when missing;
-    UnsafeDirectory when it is a symlink, belongs to someone else, or is writable
-    by group or others (someone could swap the connection file there)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise UnsafeDirectory(f"{path} is not a plain directory (a symlink?); remove it, "
-                              "or set XDG_RUNTIME_DIR to a directory of your own")
-    if info.st_uid != os.getuid():
-        raise UnsafeDirectory(f"{path} belongs to another user (uid {info.st_uid}); remove "
-                              "it, or set XDG_RUNTIME_DIR to a directory of your own")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeDirectory(f"{path} is writable by group or others (mode "
-                              f"{stat.S_IMODE(info.st_mode):o}); if it is yours, run: chmod "
-                              f"700 {path}; else use a directory only you can write")
-    return path
-
-
-def write_connection_file(path: Path, port: int, secret: str, **more: Any) -> None:
-    """Write the connection file with mode 0600 in a private directory, atomically."""
-    private_directory(path.parent)
-    replace_file(path, json.dumps({"port": port, "secret": secret, "pid": os.getpid(),
-                                   **more}).encode("utf-8"), durable=False)
-
-
-def listening_socket(port: int) -> socket.socket:
-    """A socket bound to 127.0.0.1:PORT (0: any free port) and listening, for the EPC
-    server to adopt once the kernel is built (OSError when the port is taken).  As the
-    EPC server's own: `socket.create_server` (SO_REUSEADDR set, closed on failure)."""
-    return socket.create_server(("127.0.0.1", port), backlog=LISTEN_BACKLOG)
 
 
 def emacs_frontend(config: Config, kernel: Kernel, loop: asyncio.AbstractEventLoop,
@@ -146,58 +86,31 @@ async def serve(config: Config, *, port: int = 0, connection_file: Path | None =
                 stop: asyncio.Event | None = None, ws_port: int | None = None) -> int:
     """Run until SIGTERM, SIGINT or SIGHUP (or until STOP is set, when given).
     HomeInUse when another kernel runs on this home."""
-    given = os.environ.pop("OPENCORTEX_SECRET", None)
-    given_ws = os.environ.pop("OPENCORTEX_WS_TOKEN", None)
-    scrub_process_environment()
-    lock = HomeLock(config.home)
-    try:
-        return await _serve_locked(config, lock, port=port, stdout=stdout, backend=backend,
-                                   stop=stop, ws_port=ws_port,
-                                   secret=given or secrets.token_hex(32),
-                                   ws_token=given_ws or secrets.token_hex(32),
-                                   written=connection_file or
-                                   default_connection_file(config.home))
-    finally:
-        lock.release()
+    with bound_port(config.home, port=port, connection_file=connection_file) as bound:
+        if ws_port is None:
+            bound.announce(stdout)
+        return await serve_bound(config, bound, stdout=stdout, backend=backend, stop=stop,
+                                 ws_port=ws_port)
 
 
-async def _serve_locked(config: Config, lock: HomeLock, *, port: int, stdout: TextIO,
-                        backend: Backend | None, stop: asyncio.Event | None,
-                        ws_port: int | None, secret: str, ws_token: str,
-                        written: Path) -> int:
-    """Bind, print the port line, build the kernel, serve (see the module doc for the order)."""
-    private_directory(written.parent)                  # refused before anything starts
+async def serve_bound(config: Config, bound: Bound, *, stdout: TextIO = sys.stdout,
+                      backend: Backend | None = None, stop: asyncio.Event | None = None,
+                      ws_port: int | None = None) -> int:
+    """Build the kernel and serve on BOUND (announced already, unless with WS_PORT: then
+    once the wire listens), until a stop signal or STOP (see the module doc)."""
     loop = asyncio.get_running_loop()
     if stop is None:                    # a signal during the build stops the kernel after it
         stop = asyncio.Event()
-        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for number in STOP_SIGNALS:
             loop.add_signal_handler(number, stop.set)
-    listening = listening_socket(port)
-    try:
-        if ws_port is None:
-            _announce(config, lock, stdout, written, listening.getsockname()[1], secret)
-        return await _build_and_serve(config, lock, loop, listening, stdout=stdout,
-                                      backend=backend, stop=stop, ws_port=ws_port,
-                                      secret=secret, ws_token=ws_token, written=written)
-    finally:
-        listening.close()
-        written.unlink(missing_ok=True)
+    return await _build_and_serve(config, bound, loop, stdout=stdout, backend=backend,
+                                  stop=stop, ws_port=ws_port)
 
 
-def _announce(config: Config, lock: HomeLock, stdout: TextIO, written: Path, port: int,
-              secret: str, **extra: Any) -> None:
-    """Write the connection file, record the port in the lock, print the port line."""
-    write_connection_file(written, port, secret, home=str(config.home), **extra)
-    lock.record(port=port, connection_file=str(written))
-    stdout.write(f"{port}\n")
-    stdout.flush()
-
-
-async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.AbstractEventLoop,
-                           listening: socket.socket, *, stdout: TextIO,
-                           backend: Backend | None, stop: asyncio.Event, ws_port: int | None,
-                           secret: str, ws_token: str, written: Path) -> int:
-    """Build the kernel and its frontends on LISTENING, serve until STOP, then close."""
+async def _build_and_serve(config: Config, bound: Bound, loop: asyncio.AbstractEventLoop,
+                           *, stdout: TextIO, backend: Backend | None, stop: asyncio.Event,
+                           ws_port: int | None) -> int:
+    """Build the kernel and its frontends on BOUND's socket, serve until STOP, then close."""
     from opencortex.runtime import build_kernel
     kernel = build_kernel(config, stream=sys.stderr, backend=backend)
     kernel.reporters["event loop"] = partial(loop_name, loop)
@@ -208,11 +121,10 @@ async def _build_and_serve(config: Config, lock: HomeLock, loop: asyncio.Abstrac
     kernel.reporters["archive writes"] = kernel.archive.writes_report
     settle_collector()
     kernel.skills.after_reload.append(resettle_collector)
-    service, server = emacs_frontend(config, kernel, loop, secret, listening)
-    wire = await _start_wire(kernel, ws_port, ws_token) if ws_port is not None else None
+    service, server = emacs_frontend(config, kernel, loop, bound.secret, bound.listening)
+    wire = await _start_wire(kernel, ws_port, bound.ws_token) if ws_port is not None else None
     if wire is not None:
-        _announce(config, lock, stdout, written, server.port, secret,
-                  ws_port=wire.port, ws_token=ws_token)
+        bound.announce(stdout, ws_port=wire.port, ws_token=bound.ws_token)
     _warn_at_start(kernel)
     await kernel.start(wait=False)   # MCP servers: their tools join as each comes up
     bridging = _start_bridges(config, kernel, stop)

@@ -323,7 +323,7 @@ def endpoint(args: argparse.Namespace) -> tuple[str, str]:
     info: dict[str, Any] = {}
     if args.url is None or not os.environ.get("OPENCORTEX_WS_TOKEN"):
         if args.connection_file is None:
-            from opencortex.serve import default_connection_file
+            from opencortex.serve_port import default_connection_file
             args.connection_file = default_connection_file()
         try:
             info = json.loads(Path(args.connection_file).read_text(encoding="utf-8"))
