@@ -18,7 +18,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from opencortex.environ_scrub import scrub_process_environment
 from opencortex.files import replace_file
@@ -86,19 +86,16 @@ def listening_socket(port: int) -> socket.socket:
     return socket.create_server(("127.0.0.1", port), backlog=LISTEN_BACKLOG)
 
 
-class Bound:
+class Bound(NamedTuple):
     """What serving holds for HOME: its LOCK, the LISTENING socket, the connection file
-    (WRITTEN, once announced), the EPC SECRET and the wire's WS_TOKEN.  (A plain class:
-    `dataclasses` would cost the port line its import.)"""
+    (WRITTEN, once announced), the EPC SECRET and the wire's WS_TOKEN."""
 
-    def __init__(self, home: Path, lock: HomeLock, listening: socket.socket, written: Path,
-                 secret: str, ws_token: str):
-        self.home = home
-        self.lock = lock
-        self.listening = listening
-        self.written = written
-        self.secret = secret
-        self.ws_token = ws_token
+    home: Path
+    lock: HomeLock
+    listening: socket.socket
+    written: Path
+    secret: str
+    ws_token: str
 
     @property
     def port(self) -> int:
