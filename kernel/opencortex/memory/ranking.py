@@ -204,9 +204,10 @@ class RankedSearch:
         if senders:
             match += f" AND sender:({' OR '.join(senders)})"
         ranked = None
-        if rare:
-            ranked = self._matches(table, match, wanted, True, window, returnable,
-                                   time_limit=SEARCH_TIME_LIMIT)
+        if rare:       # ranked by the words alone; the threads and senders only filter
+            ranked = self._matches(table, words, wanted, True, window, returnable,
+                                   time_limit=SEARCH_TIME_LIMIT,
+                                   within=None if match == words else match)
             if ranked is not None:
                 return [((0, row[1]), row, table, words) for row in ranked]
         newest = self._matches(table, match, wanted, False, window, returnable) or []
@@ -301,11 +302,20 @@ class RankedSearch:
 
     def _matches(self, table: str, match: str, wanted: tuple[int, int], ranked: bool,
                  window: tuple[float, float] | None, returnable: Callable[[tuple], bool],
-                 time_limit: float | None = None) -> list[tuple] | None:
+                 time_limit: float | None = None, within: str | None = None
+                 ) -> list[tuple] | None:
         """The first WANTED[0] RETURNABLE of the first WANTED[1] matches, best (RANKED)
         or newest first, said within WINDOW if given, each (rowid, score, COLUMNS...)
         with COLUMNS None for a match the messages table lacks; None when TIME_LIMIT
-        ran out.
+        ran out.  WITHIN: only the messages that match it too (MATCH plus the thread
+        and sender filters), read apart.
+
+        Why apart: BM25 counts, once per search, the messages holding each phrase
+        of its MATCH, filters included, though they weigh nothing (their columns'
+        weight is 0).  "bake AND sender:Dev" counted every message Dev ever sent
+        (2.1 ms at 100k messages, a quarter of them Dev's); ranking "bake" among the
+        messages that also match the filter, found without ranking, gives the same
+        scores and the same rows (0.28 ms).
 
         Matches are read one by one and only until enough are returnable, so the
         messages ranked past them are never read.  Without a WINDOW the matches
@@ -313,21 +323,28 @@ class RankedSearch:
         time (see `_joined`)."""
         count, read = wanted
         score = f"bm25({table}, {BM25_WEIGHTS})"     # the tables' rank, without its lookup
+        given = (match,) if within is None else (match, within)
+
+        def only(rowid: str) -> str:
+            """The WITHIN condition on ROWID (none without it)."""
+            return "" if within is None else \
+                f" AND {rowid} IN (SELECT rowid FROM {table} WHERE {table} MATCH ?)"
         if time_limit is not None:
             deadline = time.monotonic() + time_limit
             self._db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
         try:
             if window is None:
                 found = self._db.execute(
-                    f"SELECT rowid, {score} AS score FROM {table} WHERE {table} MATCH ? "
-                    f"ORDER BY {'score' if ranked else 'rowid DESC'} LIMIT ?",
-                    (match, read)).fetchall()
+                    f"SELECT rowid, {score} AS score FROM {table} WHERE {table} MATCH ?"
+                    f"{only('rowid')} ORDER BY {'score' if ranked else 'rowid DESC'} LIMIT ?",
+                    (*given, read)).fetchall()
                 return _first(self._joined(found, count), returnable, count)
             sql = (f"SELECT f.rowid, {score} AS score, {columns_of('m')} FROM {table} f "
-                   f"JOIN messages m ON m.seq = f.rowid WHERE f.{table} MATCH ? "
+                   f"JOIN messages m ON m.seq = f.rowid WHERE f.{table} MATCH ?"
+                   f"{only('f.rowid')} "
                    f"AND m.epoch >= ? AND m.epoch < ? "
                    f"ORDER BY {'score' if ranked else 'f.rowid DESC'} LIMIT ?")
-            with closing(self._db.execute(sql, (match, *window, read))) as rows:
+            with closing(self._db.execute(sql, (*given, *window, read))) as rows:
                 return _first(rows, returnable, count)
         except sqlite3.OperationalError as error:
             if time_limit is not None and "interrupt" in str(error):
