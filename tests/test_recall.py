@@ -379,8 +379,9 @@ def test_very_common_words_are_left_out_while_rarer_ones_remain(archive, monkeyp
 def test_frequent_word_counts_are_reused_until_the_table_grew_and_rare_ones_counted_anew(
         archive, monkeypatch):
     """Counting a frequent word costs time per message: its count is reused (until the
-    table grew by an eighth of it); a word counted rare or not found is counted on
-    every search, so a message written just before a search is found by it."""
+    table grew by an eighth of it); a word counted rare or not found is counted again
+    once anything was written (so a message written just before a search is found by
+    it), and reused until then (the several searches of one recall counted it each)."""
     monkeypatch.setattr(ranking, "COUNTED_FROM", 4)
     monkeypatch.setattr(ranking, "SIZE_TTL", 0.0)      # the table's size is read each time
     archive.append([say(f"kettle number {i}", CLI) for i in range(16)])
@@ -395,9 +396,15 @@ def test_frequent_word_counts_are_reused_until_the_table_grew_and_rare_ones_coun
         archive.search(query, thread=CLI)
         return len(counted)
     assert counts("kettle teapot") == 2       # both counted the first time
-    assert counts("kettle teapot") == 1       # 16 kettles: reused; no teapot: counted again
+    assert counts("kettle teapot") == 0       # 16 kettles: reused; no teapot: nothing written
     [teapot] = archive.append([say("the teapot", CLI)])
+    counted.clear()
     assert [h.id for h in archive.search("teapot", thread=CLI)] == [teapot.id]
+    assert len(counted) == 1                  # written since: counted again, and found
+    writing = archive._index                  # searched through the connection that writes
+    assert writing.search("saucer", None, 5) == []
+    [saucer] = archive.append([say("the saucer", CLI)])
+    assert [h.id for h in writing.search("saucer", None, 5)] == [saucer.id]
     archive.append([say(f"kettle again {i}", CLI) for i in range(2)])
     assert counts("kettle") == 1              # grew by 3 of 16 (>= 16 // 8): counted again
     assert counts("kettle") == 0

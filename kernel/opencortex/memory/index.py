@@ -91,6 +91,8 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
         self.reader = reader
         self.generation = 0      # moves on when tables are dropped, emptied or moved
         self._counts: dict[tuple[str, str], tuple[int, int]] = {}   # see RankedSearch
+        self._rare: dict[tuple[str, str], int] = {}     # rarer words' counts, see RankedSearch
+        self._rare_state: tuple[int, int] | None = None
         self._sizes: dict[str, tuple[int, float]] = {}  # table -> (messages, when counted)
         self._partitions = Partitions(tokenizer)      # attached to the connection on open
         self._connection: sqlite3.Connection | None = None
@@ -188,6 +190,7 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
         connection recreated or moved tables)."""
         self._partitions.forget_cache()
         self._counts.clear()
+        self._rare.clear()
         self._sizes.clear()
         self.generation += 1
 
@@ -309,6 +312,7 @@ class MessageIndex(RankedSearch, IndexRereads, ThreadTimeline):
     def _forgot(self) -> None:
         """Messages were removed: counts and sizes are counted again."""
         self._counts.clear()
+        self._rare.clear()
         self._sizes.clear()
         self.generation += 1      # a reader's cache of common words may be wrong now
 

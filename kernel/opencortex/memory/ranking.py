@@ -47,6 +47,8 @@ class RankedSearch:
     _db: sqlite3.Connection
     _parts: Partitions
     _counts: dict[tuple[str, str], tuple[int, int]]   # (table, phrase) -> (found, size)
+    _rare: dict[tuple[str, str], int]                  # (table, phrase) -> found, while
+    _rare_state: tuple[int, int] | None                # the index is in this state
     _sizes: dict[str, tuple[int, float]]
     _said_any_within: Callable[..., bool]          # see `timeline.ThreadTimeline`
 
@@ -94,6 +96,7 @@ class RankedSearch:
             return []
         exclude = exclude_ids if isinstance(exclude_ids, AbstractSet) else set(exclude_ids)
         texts: set[str] = set()
+        self._note_state()
 
         def returnable(row: tuple) -> bool:
             """Whether a matched ROW may be returned: indexed, not excluded, in scope
@@ -271,12 +274,19 @@ class RankedSearch:
         matters (to choose the words ranked), so a count of COUNTED_FROM or more is
         reused: once very common, until tables are dropped or emptied (the
         caches are forgotten then); else while the table grew by less than a
-        STALE_SHARE-th of it.  Rarer words, and words not found, are counted anew."""
+        STALE_SHARE-th of it.  Rarer words, and words not found, must be exact (a
+        word just said is searched): theirs are reused only while nothing was
+        written to the index since (see `_note_state`), as by the several
+        searches of one recall ("What did Dev bake last week?" counted "bake"
+        six times)."""
         known = self._counts.get((table, phrase))
         if known is not None:
             found, size = known
             if found > COMMON_DOCS or self._size(table) - size < found // STALE_SHARE:
                 return found
+        rare = self._rare.get((table, phrase))
+        if rare is not None:
+            return rare
         found = self._db.execute(
             f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT ?)",
             (f"{TEXT}:{phrase}", COMMON_DOCS + 1)).fetchone()[0]
@@ -284,7 +294,21 @@ class RankedSearch:
             if len(self._counts) >= MAX_COUNTS:
                 self._counts.clear()
             self._counts[(table, phrase)] = (found, self._size(table, at_least=found))
+        else:
+            if len(self._rare) >= MAX_COUNTS:
+                self._rare.clear()
+            self._rare[(table, phrase)] = found
         return found
+
+    def _note_state(self) -> None:
+        """Forget the rarer words' counts when the index changed since they were counted:
+        another connection committed (SQLite's `data_version` moved) or this one wrote
+        (its `total_changes` did)."""
+        state = (self._db.execute("PRAGMA data_version").fetchone()[0],
+                 self._db.total_changes)
+        if state != self._rare_state:
+            self._rare.clear()
+            self._rare_state = state
 
     def _joined(self, found: list[tuple[int, float]], count: int) -> Iterator[tuple]:
         """FOUND (rowid, score) pairs in order, each followed by its message's COLUMNS
