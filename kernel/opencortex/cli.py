@@ -29,6 +29,7 @@ from opencortex.homepath import home_of
 if TYPE_CHECKING:
     from opencortex.config import Config
     from opencortex.events import Thread
+    from opencortex.serve_port import Bound
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
 
@@ -299,7 +300,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _fail(str(error))
 
 
-def _serve(args: argparse.Namespace, bound: Any = None) -> int:
+def _serve(args: argparse.Namespace, bound: Bound | None = None) -> int:
     """Read the configuration and serve, on BOUND when the port is bound already."""
     from opencortex.eventloop import EventLoopUnavailable, run
     from opencortex.serve import serve, serve_bound

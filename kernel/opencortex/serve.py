@@ -11,8 +11,8 @@ kernel is built after it (imports, skills, archive).  Connections made meanwhile
 wait in the socket's listen queue and are accepted, authenticated and answered
 once the kernel is ready, so an early call waits and never fails; a configuration
 that cannot be read, or a kernel that cannot be built, exits with its error on
-stderr (Emacs, then authenticating, says it could not start).  With `--ws` the kernel is built first, since the wire port
-goes in the connection file too.  The
+stderr (Emacs, then authenticating, says it could not start).  With `--ws` the
+kernel is built first, since the wire port goes in the connection file too.  The
 secret comes from `$OPENCORTEX_SECRET` when Emacs starts the kernel (and is then
 removed from the environment, so no child process inherits it, and hidden from
 /proc/<pid>/environ with the provider keys: see `environ_scrub`), else the

@@ -138,8 +138,10 @@ def bound_port(home: Path, *, port: int = 0, connection_file: Path | None = None
         lock.release()
 
 
-class Stopped(Exception):
-    """A stop signal came before the kernel's event loop took them over."""
+class Stopped(SystemExit):
+    """A stop signal came before the kernel's event loop took them over.  A SystemExit,
+    so no `except Exception` on the way swallows it, and an event loop running by then
+    passes it on instead of logging it."""
 
 
 @contextmanager
