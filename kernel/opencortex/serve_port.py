@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TextIO
 from opencortex.environ_scrub import scrub_process_environment
 from opencortex.files import replace_file
 from opencortex.homelock import HomeLock
-from opencortex.homepath import default_home
+from opencortex.homepath import home_of
 
 LISTEN_BACKLOG = 16
 """Connections the EPC port queues while the kernel is built (and between accepts)."""
@@ -38,8 +38,7 @@ def runtime_dir() -> Path:
 def default_connection_file(home: Path | None = None, runtime: Path | None = None) -> Path:
     """The connection file of the kernel of HOME (default: the default home), in RUNTIME
     (default: `runtime_dir()`)."""
-    resolved = str(Path(home or default_home()).expanduser().resolve())
-    digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(str(home_of(home)).encode()).hexdigest()[:16]
     return (runtime or runtime_dir()) / f"kernel-{digest}.json"
 
 
