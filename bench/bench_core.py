@@ -27,8 +27,9 @@ from pathlib import Path
 
 import sexpdata
 
+from bench_echo_turn import WARM_UP, echo_turns
 from figures import percentile, thread_cpu, timed
-from opencortex.events import Thread, chat_message
+from opencortex.events import Thread
 from opencortex.memory import Archive, NewMessage
 from opencortex.reader import read_plist
 
@@ -139,15 +140,6 @@ def bench_kernel(turns: int = 500) -> None:
         settle_collector = None
     from opencortex.runtime import build_kernel
 
-    async def measure(kernel, count: int) -> list[float]:
-        times = []
-        for i in range(count):
-            started = time.perf_counter()
-            await kernel.handle(chat_message(f"message {i} about topic {i % 7}", "cli",
-                                             f"bench{i % 10}"))
-            times.append(time.perf_counter() - started)
-        return times
-
     def whole_turns(choice: str | None, count: int, parts: bool = False,
                     placed: bool = True, child: bool = False):
         """COUNT turns' times on the loop CHOICE names (None: the configured one), the
@@ -168,7 +160,7 @@ def bench_kernel(turns: int = 500) -> None:
             thresholds = gc.get_threshold()
             if settle_collector is not None:
                 settle_collector()      # as serve does once its kernel is built
-            run(measure(kernel, 20), choice)  # warm up
+            run(echo_turns(kernel, WARM_UP), choice)  # warm up
             appends: list[float] = []
             recalls: list[float] = []
             if parts:
@@ -181,7 +173,7 @@ def bench_kernel(turns: int = 500) -> None:
                 recall = kernel.conversations.recall
                 recall.recall = timed(recalls, recall.recall)  # type: ignore[method-assign]
             before = thread_cpu()
-            whole = run(measure(kernel, count), choice)
+            whole = run(echo_turns(kernel, count), choice)
             after = thread_cpu()
             run(kernel.aclose(), choice)
             if placed:
