@@ -24,6 +24,8 @@ Figures, each beside its target:
    API (bench_bridge.py's run, with duplicates counted).
 6. a whole echo turn in-process, `kernel.handle` (bench_core.py's bench_kernel).
 7. exec of `opencortex serve` -> port line, warm skill cache (bench_startup.py).
+8. before the first part and after the last, the machine's own stalls with no load
+   of ours (figures.cpu_steadiness): the p99 figures hold them, whatever the kernel.
 
 Parts 1-4 run in that order on one kernel per tree and round, so the later parts
 find the archive the earlier ones left (~2,000 messages after part 1).  Part 1's
@@ -55,7 +57,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from figures import percentile
+from figures import SLOW_FACTOR, cpu_steadiness, percentile
 from load_clients import Counts, LoadClient, ServedKernel, Turn, connect_all
 
 HERE = Path(__file__).resolve().parent
@@ -257,9 +259,9 @@ def port_line_figures(tree: Path | None, runs: int) -> dict:
 # -- the run: sizes, trees, rounds, printing ---------------------------------------------
 
 FULL = dict(clients=20, messages=50, rate=200.0, offered=1000, chunks=200, chats=100,
-            chat_messages=10, turns=500, starts=5)
+            chat_messages=10, turns=500, starts=5, steady=5.0)
 QUICK = dict(clients=3, messages=5, rate=200.0, offered=20, chunks=10, chats=5,
-             chat_messages=3, turns=20, starts=1)
+             chat_messages=3, turns=20, starts=1, steady=0.3)
 
 
 async def served_parts(kernels: list[ServedKernel], size: dict) -> list[dict]:
@@ -372,12 +374,25 @@ def main() -> None:
             parser.error(f"{tree} has no kernel/opencortex: not a source tree of opencortex")
     names = [t.name if t else "this checkout" for t in trees]
     size = QUICK if args.quick else FULL
+    steadiness = [cpu_steadiness(size["steady"])]
     rounds = []
     for number in range(args.rounds):
         order = list(range(len(trees)))[::-1 if number % 2 else 1]  # alternate who goes first
         got = one_round([trees[i] for i in order], size)
         rounds.append([got[order.index(i)] for i in range(len(trees))])
+    steadiness.append(cpu_steadiness(size["steady"]))
     show([combine([r[i] for r in rounds]) for i in range(len(trees))], names, size, args.rounds)
+    show_steadiness(steadiness, size["steady"])
+
+
+def show_steadiness(readings: list[dict], seconds: float) -> None:
+    """Print the machine's own stalls, measured before and after the run (see
+    `figures.cpu_steadiness`): p99 figures hold them."""
+    said = "; ".join(f"{when} {r['stalls']:.0f} in {seconds:g} s (worst {r['worst slowdown']:.0f}x)"
+                     for when, r in zip(("before", "after"), readings))
+    print(f"machine stalls with no load of ours (a {readings[0]['piece ms']:.1f} ms piece of "
+          f"work {SLOW_FACTOR}x slower or worse): {said}; the p99 figures above hold "
+          "such stalls")
 
 
 if __name__ == "__main__":
