@@ -1,5 +1,5 @@
-"""The whole echo turn of this checkout against another's, measured by turns (a script,
-not a test): prints figures, asserts nothing.
+"""The whole echo turn of this checkout against another's, in alternating rounds (a
+script, not a test): prints figures, asserts nothing.
 
     python bench/bench_echo_turn.py --against /tmp/old       # 4 rounds of 500 turns each
     python bench/bench_echo_turn.py --against /tmp/old --rounds 8
