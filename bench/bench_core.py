@@ -27,7 +27,7 @@ from pathlib import Path
 
 import sexpdata
 
-from bench_echo_turn import WARM_UP, echo_turns
+from bench_echo_turn import WARM_UP, echo_turns, place_as_serve, settle_as_serve
 from figures import percentile, thread_cpu, timed
 from opencortex.events import Thread
 from opencortex.memory import Archive, NewMessage
@@ -130,14 +130,6 @@ def bench_kernel(turns: int = 500) -> None:
     so these add up to about its mean time, and say where it goes."""
     from opencortex.config import load_config
     from opencortex.eventloop import loop_factory, run
-    try:
-        from opencortex.placement import PLACEMENT, on_one_cpu
-    except ImportError:                 # a kernel from before placement (bench A/B)
-        PLACEMENT = None
-    try:
-        from opencortex.serve import settle_collector
-    except ImportError:                 # a kernel from before serve settled it
-        settle_collector = None
     from opencortex.runtime import build_kernel
 
     def whole_turns(choice: str | None, count: int, parts: bool = False,
@@ -151,15 +143,14 @@ def bench_kernel(turns: int = 500) -> None:
             config = load_config(Path(tmp))
             choice = choice or config.event_loop
             kernel = build_kernel(config, writer=lambda text: None)
-            placed = bool(placed and PLACEMENT is not None and on_one_cpu(config) and
-                          PLACEMENT.place())
+            release = place_as_serve(config) if placed else None
+            placed = release is not None
             if child:
                 kernel.archive.write_in_a_process()
                 if not kernel.archive._write_process.wait_ready(30):
                     raise RuntimeError("the archive's write process did not start")
             thresholds = gc.get_threshold()
-            if settle_collector is not None:
-                settle_collector()      # as serve does once its kernel is built
+            settle_as_serve()
             run(echo_turns(kernel, WARM_UP), choice)  # warm up
             appends: list[float] = []
             recalls: list[float] = []
@@ -176,8 +167,8 @@ def bench_kernel(turns: int = 500) -> None:
             whole = run(echo_turns(kernel, count), choice)
             after = thread_cpu()
             run(kernel.aclose(), choice)
-            if placed:
-                PLACEMENT.release()
+            if release is not None:
+                release()
             gc.unfreeze()
             gc.set_threshold(*thresholds)
         cpu = {name: (used - before.get(name, 0.0)) / count for name, used in after.items()}

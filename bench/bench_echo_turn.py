@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from figures import percentile
@@ -52,6 +53,27 @@ async def echo_turns(kernel, count: int) -> list[float]:
     return times
 
 
+def place_as_serve(config) -> Callable[[], None] | None:
+    """The kernel's threads on one CPU as serve places them, when CONFIG asks for it; the
+    function that lets them go again, or None when nothing was placed (a kernel from
+    before `placement` leaves them anywhere, as its own serve did)."""
+    try:
+        from opencortex.placement import PLACEMENT, on_one_cpu
+    except ImportError:
+        return None
+    return PLACEMENT.release if on_one_cpu(config) and PLACEMENT.place() else None
+
+
+def settle_as_serve() -> None:
+    """Python's collector settled as serve settles it once its kernel is built (a kernel
+    from before `settle_collector`: left as it is, as its own serve did)."""
+    try:
+        from opencortex.serve import settle_collector
+    except ImportError:
+        return
+    settle_collector()
+
+
 def measure(count: int) -> dict[str, float]:
     """COUNT whole echo turns of the kernel this process imports, in a fresh home: p50
     and p99 seconds, and the CPU seconds of the process a turn (every thread's)."""
@@ -62,28 +84,19 @@ def measure(count: int) -> dict[str, float]:
     except ImportError:                 # a kernel from before it: asyncio's own loop
         def run(main):
             return asyncio.run(main)
-    try:
-        from opencortex.placement import PLACEMENT, on_one_cpu
-    except ImportError:
-        PLACEMENT = None
-    try:
-        from opencortex.serve import settle_collector
-    except ImportError:
-        settle_collector = None
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(Path(tmp))
         kernel = build_kernel(config, writer=lambda text: None)
-        placed = bool(PLACEMENT is not None and on_one_cpu(config) and PLACEMENT.place())
-        if settle_collector is not None:
-            settle_collector()
+        release = place_as_serve(config)
+        settle_as_serve()
         run(echo_turns(kernel, WARM_UP))
         cpu = time.process_time()
         times = run(echo_turns(kernel, count))
         cpu = time.process_time() - cpu
         if hasattr(kernel, "aclose"):
             run(kernel.aclose())
-        if placed:
-            PLACEMENT.release()
+        if release is not None:
+            release()
     return {"p50": percentile(times, .5), "p99": percentile(times, .99), "cpu": cpu / count}
 
 
