@@ -636,8 +636,12 @@ def test_a_context_from_settings():
 @given(strategy=st.sampled_from(sorted(STRATEGIES)), turns=st.integers(1, 40),
        budget=st.integers(120, 600), pins=st.sets(st.integers(1, 40), max_size=4))
 def test_seen_ids_follow_adds_compressions_and_pins(strategy, turns, budget, pins):
-    """`seen_ids` (what recall leaves out) is kept as the context changes, not rebuilt
-    each turn, and always equals the entries' ids with those their summaries cover."""
+    """`seen_ids` (what recall leaves out) and the summaries a checkpoint names are
+    kept as the context changes, not rebuilt each turn: the ids always equal the
+    entries' with those their summaries cover, and the summaries the entries' own."""
+    def summaries(context: WorkingContext) -> tuple[str, ...]:
+        return tuple(e.id for e in context.entries if e.kind == "summary")
+
     async def scenario():
         context = WorkingContext(budget=budget, strategy=strategy)
         for entry in dialogue(turns):
@@ -648,6 +652,40 @@ def test_seen_ids_follow_adds_compressions_and_pins(strategy, turns, budget, pin
                 origin for e in context.entries for origin in e.covers}
             assert set(context.seen_ids()) == expected
             assert all(e.id in context for e in context.entries)
+            assert context.mark().summaries == summaries(context)
         with pytest.raises(ValueError, match="already in the context"):
             await context.add(context.entries[-1])
+        for summary in summaries(context):      # a summary kept is known by its record's id
+            assert context.rename(summary, f"kept-{summary}")
+            assert context.mark().summaries == summaries(context)
+        await context.add(Entry("summary:late", "system", "[Summary] late", 0,
+                                kind="summary"))
+        assert context.mark().summaries == summaries(context)
+        assert context.mark().summaries[-1] == "summary:late"
     run(scenario())
+
+
+class _CountedEntries(list):
+    """A context's entries that count how many of them were gone through."""
+
+    read = 0
+
+    def __iter__(self):
+        for entry in super().__iter__():
+            self.read += 1
+            yield entry
+
+
+def test_a_checkpoint_mark_does_not_go_through_every_entry():
+    """Every turn marks its checkpoint: with a thousand messages in the context that
+    cost a pass over all of them (the summaries among them), and grew with the
+    context.  Now a mark reads the first message and what it keeps up to date."""
+    context = WorkingContext(budget=10**7)
+    run(context.add(persona(), *dialogue(500)))
+    context.entries = _CountedEntries(context.entries)
+    context.mark()                       # the entries list was replaced: known anew once
+    context.entries.read = 0
+    for _ in range(10):
+        mark = context.mark()
+    assert mark.oldest == "u1" and mark.summaries == ()
+    assert context.entries.read <= 10 * 2

@@ -318,6 +318,22 @@ def test_search_ranks_matches_and_filters_by_thread(archive):
     assert archive.search("   ") == []
 
 
+def test_a_search_passing_over_its_best_matches_finds_the_next_best(archive):
+    """Recall leaves out the messages already in the context, and a long context holds
+    many of the best matches: the ranked matches are read a few at a time, as far as
+    the search goes (no longer all it might have needed), and the next best still
+    come, in order."""
+    archive.append([say("fox " + " ".join(f"w{n}x{i}" for i in range(n)))
+                    for n in range(250)])                 # shorter: better (BM25)
+    archive.append([say(f"filler {n}") for n in range(300)])   # fox stays rare enough
+    ranked = [hit.id for hit in archive.search("fox", limit=250, snippets=False)]
+    assert len(ranked) == 250
+    hits = archive.search("fox", limit=5, exclude_ids=set(ranked[:200]), snippets=False)
+    assert [hit.id for hit in hits] == ranked[200:205]
+    last = archive.search("fox", limit=5, exclude_ids=set(ranked[:248]), snippets=False)
+    assert [hit.id for hit in last] == ranked[248:]
+
+
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(query=st.one_of(st.text(), st.lists(st.sampled_from(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import KeysView, Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from opencortex.conversation.checkpoint import ContextMark
 from opencortex.conversation.compression import (
@@ -44,6 +44,17 @@ log = logging.getLogger(__name__)
 
 ContextState = Literal["empty", "accumulating", "pressured", "compressed"]
 PREVIEW_CHARS = 80
+
+
+class _Known(NamedTuple):
+    """What a context's entries hold, for the entries list and length it was made for
+    (a turn asks for these without going through every entry)."""
+
+    entries: list[Entry]
+    length: int
+    ids: dict[str, None]          # the entries' ids
+    seen: dict[str, None]         # those and the ids their summaries cover
+    summaries: tuple[str, ...]    # the summaries' ids, in order
 
 
 class WorkingContext:
@@ -72,9 +83,7 @@ class WorkingContext:
         self._rearm_above = -1
         self.set_strategy(strategy)
         self.entries: list[Entry] = []
-        # The ids of the entries, and those with the ids their summaries cover, for the
-        # entries list and length they were made for (rebuilt when either changed).
-        self._ids: tuple[list[Entry], int, dict[str, None], dict[str, None]] | None = None
+        self._ids: _Known | None = None
         self.last_report: CompressionReport | None = None
         self.compressions = 0
         self._smalltalk_gone: Entry | None = None   # the newest small talk compression let go
@@ -124,23 +133,25 @@ class WorkingContext:
         return len(self.entries)
 
     def __contains__(self, entry_id: object) -> bool:
-        return entry_id in self._id_maps()[0]
+        return entry_id in self._known().ids
 
     def seen_ids(self) -> KeysView[str]:
         """The ids of the entries and of the messages their summaries cover: what the
         model sees already, which recall leaves out (a read-only view, kept up to date
         as entries are added, not rebuilt each turn)."""
-        return self._id_maps()[1].keys()
+        return self._known().seen.keys()
 
-    def _id_maps(self) -> tuple[dict[str, None], dict[str, None]]:
-        """(entry ids, entry and covered ids), made again when the entries list was
-        replaced or changed length other than by `add`."""
+    def _known(self) -> _Known:
+        """The ids the entries hold, made again when the entries list was replaced or
+        changed length other than by `add` (which keeps them up to date)."""
         known = self._ids
-        if known is None or known[0] is not self.entries or known[1] != len(self.entries):
+        if known is None or known.entries is not self.entries or \
+                known.length != len(self.entries):
             ids = dict.fromkeys(entry.id for entry in self.entries)
             seen = {**ids, **dict.fromkeys(o for entry in self.entries for o in entry.covers)}
-            known = self._ids = (self.entries, len(self.entries), ids, seen)
-        return known[2], known[3]
+            summaries = tuple(e.id for e in self.entries if e.kind == "summary")
+            known = self._ids = _Known(self.entries, len(self.entries), ids, seen, summaries)
+        return known
 
     # ------------------------------------------------------------ changes
 
@@ -150,7 +161,8 @@ class WorkingContext:
         Returns the report of that compression, or None when none was needed
         (or the hysteresis held it back).  An id already present is a ValueError.
         """
-        ids, seen = self._id_maps()
+        known = self._known()
+        ids, seen = known.ids, known.seen
         adding: set[str] = set()
         for entry in entries:
             if entry.id in ids or entry.id in adding:
@@ -163,7 +175,8 @@ class WorkingContext:
             self._used += entry.tokens
             ids[entry.id] = seen[entry.id] = None
             seen.update(dict.fromkeys(entry.covers))
-        self._ids = (self.entries, len(self.entries), ids, seen)
+        summaries = known.summaries + tuple(e.id for e in entries if e.kind == "summary")
+        self._ids = _Known(self.entries, len(self.entries), ids, seen, summaries)
         if self.pressure <= self.threshold or self._used <= self._rearm_above:
             return None
         return await self.compress()
@@ -246,7 +259,7 @@ class WorkingContext:
                            smalltalk=gone.id if gone is not None else None,
                            above=self._rearm_above if self._rearm_above >= 0 else None,
                            unpinned=frozenset(self._unpinned),
-                           summaries=tuple(e.id for e in self.entries if e.kind == "summary"))
+                           summaries=self._known().summaries)
 
     def resume(self, mark: ContextMark, smalltalk_gone: Entry | None) -> None:
         """Continue, empty still, from a checkpoint's MARK: the newest small talk let go

@@ -310,14 +310,15 @@ class RankedSearch:
             self._rare.clear()
             self._rare_state = state
 
-    def _joined(self, found: list[tuple[int, float]], count: int) -> Iterator[tuple]:
-        """FOUND (rowid, score) pairs in order, each followed by its message's COLUMNS
-        (None when the messages table lacks it), read COUNT at first, then twice as
-        many at a time: only what is taken is read."""
-        size, position = max(count, 1), 0
-        while position < len(found):
-            chunk = found[position:position + size]
-            position, size = position + len(chunk), 2 * size
+    def _joined(self, found: sqlite3.Cursor, count: int) -> Iterator[tuple]:
+        """The (rowid, score) pairs FOUND yields, in order, each followed by its
+        message's COLUMNS (None when the messages table lacks it), taken COUNT at
+        first, then twice as many at a time: only what is taken is read (a search
+        passing over the messages of a long context reads its matches as far as
+        it goes, not all it might have needed)."""
+        size = max(count, 1)
+        while chunk := found.fetchmany(size):
+            size *= 2
             rows = {row[0]: row[1:] for row in self._db.execute(
                 f"SELECT seq, {columns_of('m')} FROM messages m WHERE seq IN "
                 f"({', '.join('?' * len(chunk))})", [rowid for rowid, _ in chunk])}
@@ -358,11 +359,11 @@ class RankedSearch:
             self._db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
         try:
             if window is None:
-                found = self._db.execute(
-                    f"SELECT rowid, {score} AS score FROM {table} WHERE {table} MATCH ?"
-                    f"{only('rowid')} ORDER BY {'score' if ranked else 'rowid DESC'} LIMIT ?",
-                    (*given, read)).fetchall()
-                return _first(self._joined(found, count), returnable, count)
+                with closing(self._db.execute(
+                        f"SELECT rowid, {score} AS score FROM {table} WHERE {table} MATCH ?"
+                        f"{only('rowid')} ORDER BY {'score' if ranked else 'rowid DESC'} "
+                        "LIMIT ?", (*given, read))) as found:
+                    return _first(self._joined(found, count), returnable, count)
             sql = (f"SELECT f.rowid, {score} AS score, {columns_of('m')} FROM {table} f "
                    f"JOIN messages m ON m.seq = f.rowid WHERE f.{table} MATCH ?"
                    f"{only('f.rowid')} "
