@@ -21,6 +21,7 @@ from opencortex.events import Thread
 from opencortex.memory import (Archive, NewMessage, SearchHit, decode_body, decode_value,
                                encode_body, encode_value, safe_name)
 from opencortex.memory.orgformat import LINE_BREAKS, parse_entry, render_entry, render_header
+from opencortex.memory.ranking import RankedSearch
 from opencortex.memory.records import RESERVED_KEYS
 
 # Fragments that org or orgparse would read as structure, dates, or line breaks.
@@ -318,11 +319,23 @@ def test_search_ranks_matches_and_filters_by_thread(archive):
     assert archive.search("   ") == []
 
 
-def test_a_search_passing_over_its_best_matches_finds_the_next_best(archive):
+def test_a_search_passing_over_its_best_matches_finds_the_next_best(archive, monkeypatch):
     """Recall leaves out the messages already in the context, and a long context holds
     many of the best matches: the ranked matches are read a few at a time, as far as
     the search goes (no longer all it might have needed), and the next best still
     come, in order."""
+    fetched = []
+    joined = RankedSearch._joined
+
+    def counted(self, found, count):
+        """`_joined`, counting the ranked rows it takes from FOUND."""
+        class Counting:
+            def fetchmany(self, size):
+                rows = found.fetchmany(size)
+                fetched.append(len(rows))
+                return rows
+        return joined(self, Counting(), count)
+    monkeypatch.setattr(RankedSearch, "_joined", counted)
     archive.append([say("fox " + " ".join(f"w{n}x{i}" for i in range(n)))
                     for n in range(250)])                 # shorter: better (BM25)
     archive.append([say(f"filler {n}") for n in range(300)])   # fox stays rare enough
@@ -332,6 +345,9 @@ def test_a_search_passing_over_its_best_matches_finds_the_next_best(archive):
     assert [hit.id for hit in hits] == ranked[200:205]
     last = archive.search("fox", limit=5, exclude_ids=set(ranked[:248]), snippets=False)
     assert [hit.id for hit in last] == ranked[248:]
+    fetched.clear()           # 200 left out, none of them among the best: 5 rows read, not 205
+    best = archive.search("fox", limit=5, exclude_ids=set(ranked[50:]), snippets=False)
+    assert [hit.id for hit in best] == ranked[:5] and sum(fetched) == 5
 
 
 @settings(max_examples=150, deadline=None,
