@@ -388,7 +388,8 @@ def main() -> None:
 def show_steadiness(readings: list[dict], seconds: float) -> None:
     """Print the machine's own stalls, measured before and after the run (see
     `figures.cpu_steadiness`): p99 figures hold them."""
-    said = "; ".join(f"{when} {r['stalls']:.0f} in {seconds:g} s (worst {r['worst slowdown']:.0f}x)"
+    said = "; ".join(f"{when} {r['stalls']:.0f} in {seconds:g} s "
+                     f"(worst {r['worst slowdown']:.0f}x)"
                      for when, r in zip(("before", "after"), readings))
     print(f"machine stalls with no load of ours (a {readings[0]['piece ms']:.1f} ms piece of "
           f"work {SLOW_FACTOR}x slower or worse): {said}; the p99 figures above hold "

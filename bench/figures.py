@@ -88,8 +88,9 @@ def cpu_steadiness(seconds: float) -> dict[str, float]:
 def stalls_in(times: list[tuple[float, float]], seconds: float) -> dict[str, float]:
     """`cpu_steadiness`'s figures from TIMES, (started, seconds taken) of each piece, over
     SECONDS: slow pieces less than STALL_GAP apart are one stall."""
-    median = sorted(taken for _, taken in times)[len(times) // 2]
+    median = percentile([taken for _, taken in times], .5)
     slow = [started for started, taken in times if taken >= SLOW_FACTOR * median]
-    stalls = sum(1 for i, started in enumerate(slow) if i == 0 or started - slow[i - 1] > STALL_GAP)
+    stalls = sum(1 for i, started in enumerate(slow)
+                 if i == 0 or started - slow[i - 1] > STALL_GAP)
     return {"piece ms": median * 1e3, "stalls": stalls, "stalls/s": stalls / seconds,
             "worst slowdown": max(taken for _, taken in times) / median}
