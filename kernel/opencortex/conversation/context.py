@@ -57,6 +57,11 @@ class _Known(NamedTuple):
     summaries: tuple[str, ...]    # the summaries' ids, in order
 
 
+def _summary_ids(entries: Sequence[Entry]) -> tuple[str, ...]:
+    """The ids of the summaries among ENTRIES, in order."""
+    return tuple(entry.id for entry in entries if entry.kind == "summary")
+
+
 class WorkingContext:
     """What the model sees for one branch of one thread: preserved entries, then the rest."""
 
@@ -149,8 +154,8 @@ class WorkingContext:
                 known.length != len(self.entries):
             ids = dict.fromkeys(entry.id for entry in self.entries)
             seen = {**ids, **dict.fromkeys(o for entry in self.entries for o in entry.covers)}
-            summaries = tuple(e.id for e in self.entries if e.kind == "summary")
-            known = self._ids = _Known(self.entries, len(self.entries), ids, seen, summaries)
+            known = self._ids = _Known(self.entries, len(self.entries), ids, seen,
+                                       _summary_ids(self.entries))
         return known
 
     # ------------------------------------------------------------ changes
@@ -175,8 +180,8 @@ class WorkingContext:
             self._used += entry.tokens
             ids[entry.id] = seen[entry.id] = None
             seen.update(dict.fromkeys(entry.covers))
-        summaries = known.summaries + tuple(e.id for e in entries if e.kind == "summary")
-        self._ids = _Known(self.entries, len(self.entries), ids, seen, summaries)
+        self._ids = _Known(self.entries, len(self.entries), ids, seen,
+                           known.summaries + _summary_ids(entries))
         if self.pressure <= self.threshold or self._used <= self._rearm_above:
             return None
         return await self.compress()
