@@ -641,3 +641,33 @@ def test_a_named_search_ranks_the_words_alone_and_filters_by_sender_apart(archiv
     ranked = [statement for statement in statements if "bm25(" in statement]
     assert ranked and all("sender:" not in statement.split("MATCH '", 1)[1].split("'", 1)[0]
                           for statement in ranked)
+
+
+def test_a_filtered_search_scans_its_words_matches_not_one_lookup_per_filter_match(archive):
+    """The filter of a named (or thread-filtered) search is a set of rowids the ranked
+    query checks each of its matches against.  SQLite may instead drive the query from
+    that set, one FTS5 lookup per rowid, and BM25 then counts each phrase's messages
+    again for every one of them ("Where does Rosa work now?": 8.4 ms instead of 0.4 at
+    ~5,000 messages).  Neither plan of a ranked statement looks rows up by rowid."""
+    archive.append([say(f"Dev here, nothing much today {i}", CLI, sender="Dev")
+                    for i in range(50)])
+    archive.append([say(f"I bake bread {i}", CLI, sender="Dev" if i % 2 else "Ann")
+                    for i in range(20)])
+    statements: list[str] = []
+    day = 86400.0
+    with archive._reading() as index:
+        index._db.set_trace_callback(statements.append)
+        try:
+            named = archive.search("bake bread", thread=CLI, senders=["Dev"], limit=5,
+                                   snippets=False)
+            dated = archive.search("bake bread", thread=CLI, senders=["Dev"], limit=5,
+                                   snippets=False, window=(time.time() - day, time.time() + day))
+        finally:
+            index._db.set_trace_callback(None)
+        ranked = [statement for statement in statements if "bm25(" in statement]
+        plans = [[row[3] for row in index._db.execute(f"EXPLAIN QUERY PLAN {statement}")]
+                 for statement in ranked]
+    assert len(named) == 5 and len(dated) == 5
+    assert len(ranked) == 2 and all(" IN (SELECT rowid" in statement for statement in ranked)
+    scans = [detail for plan in plans for detail in plan if "VIRTUAL TABLE" in detail]
+    assert scans and all(":=" not in detail for detail in scans), plans
