@@ -15,7 +15,8 @@ Figures: R@5 and R@10 (a question counts when a message holding its answer,
 or one of the same words, is among what recall brings with k=5 / k=10: the K
 best and the question or reply next to each, as a turn gets them; how many
 were found only beside the K best is printed too) overall and per question kind,
-recall latency p50 / p95 (of the k=10 recall); without --quick also the same at 100k
+recall latency p50 / p95 (of the k=10 recall; per kind its p50 and slowest, so one
+slow kind of question stands out); without --quick also the same at 100k
 messages of one owner, the first load of a 100k-turn thread (as written, and
 with the checkpoint `memory import` leaves), and the import rate.
 
@@ -101,12 +102,15 @@ def evaluate(conversations: Conversations, data: Dataset, ids: dict[int, str],
     found: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
     beside_only = [0, 0]    # questions answered only by a message brought beside the K best
     times = []
+    took: dict[str, list[float]] = defaultdict(list)    # recall latency by question kind
     said = {ids[turn.key]: turn.text for session in data.sessions for turn in session}
     for question in data.questions:
         wanted = {said[ids[key]] for key in question.evidence}
         started = time.perf_counter()
         ten = recalled(conversations, question.text, 10, said)
         times.append(time.perf_counter() - started)
+        took[question.kind].append(times[-1])
+        took["overall"].append(times[-1])
         five = recalled(conversations, question.text, 5, said)   # what a turn recalls
         hit = tuple(bool(wanted & set(best + beside)) for best, beside in (five, ten))
         for n, (best, _) in enumerate((five, ten)):
@@ -118,7 +122,8 @@ def evaluate(conversations: Conversations, data: Dataset, ids: dict[int, str],
         rows = found[kind]
         r5 = sum(a for a, _ in rows) / len(rows)
         r10 = sum(b for _, b in rows) / len(rows)
-        print(f"  {kind:<10} n={len(rows):<4} R@5 {r5:.3f}   R@10 {r10:.3f}")
+        print(f"  {kind:<10} n={len(rows):<4} R@5 {r5:.3f}   R@10 {r10:.3f}   recall p50 "
+              f"{statistics.median(took[kind]) * 1e3:5.2f} ms, slowest {max(took[kind]) * 1e3:6.2f}")
     print(f"  found only beside the K best: {beside_only[0]} at 5, {beside_only[1]} at 10")
     print(f"  recall latency   p50 {statistics.median(times) * 1e3:.2f} ms   "
           f"p95 {percentile(times, 0.95) * 1e3:.2f} ms")
