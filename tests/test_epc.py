@@ -34,6 +34,7 @@ class Kernel:
             [sys.executable, "-m", "opencortex", "serve", "--home", str(home), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=cli_env(home, XDG_RUNTIME_DIR=str(runtime), **env))
+        self.said = ""
         line = self.process.stdout.readline()
         assert line.strip().isdigit(), (line, self.process.stderr.read())
         self.port = int(line)
@@ -46,12 +47,16 @@ class Kernel:
         return json.loads(self.connection_file.read_text())["secret"]
 
     def stop(self) -> int:
+        """SIGTERM, then its exit code; what it wrote on stderr is kept in `said` (for the
+        message of a test that expected another code)."""
         self.process.terminate()
         try:
             return self.process.wait(timeout=30)   # turns in flight get [stop_grace] to finish
         finally:
             if self.process.poll() is None:
                 self.process.kill()
+            if not self.process.stderr.closed:          # stopped once already
+                self.said = self.process.stderr.read()[-4000:]
             self.process.stdout.close()
             self.process.stderr.close()
 
@@ -143,7 +148,7 @@ def test_port_first_connection_file_private_and_removed_on_exit(start):
     assert info["port"] == kernel.port and info["pid"] == kernel.process.pid
     assert stat.S_IMODE(kernel.connection_file.stat().st_mode) == 0o600
     assert stat.S_IMODE(kernel.connection_file.parent.stat().st_mode) == 0o700
-    assert kernel.stop() == 0
+    assert kernel.stop() == 0, kernel.said
     assert not kernel.connection_file.exists()
 
 
@@ -249,7 +254,7 @@ def test_the_served_kernel_writes_files_in_a_child_process_and_says_so(start, ho
     assert b"sk-canary" not in Path(f"/proc/{child}/environ").read_bytes()
     emacs.quiet()                        # no call of the kernel in flight, then
     emacs.close()                        # closed before the kernel goes (python-epc's reader)
-    assert kernel.stop() == 0
+    assert kernel.stop() == 0, kernel.said
     deadline = time.monotonic() + 10
     while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
         time.sleep(0.01)

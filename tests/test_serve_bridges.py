@@ -97,7 +97,7 @@ def test_a_second_kernel_on_the_same_home_is_refused_naming_the_first(bridge_hom
         assert f"pid {first.process.pid}" in second.stderr
         assert f"EPC port {first.port}" in second.stderr
     finally:
-        assert first.stop() == 0
+        assert first.stop() == 0, first.said
 
 
 def test_sigkill_mid_turn_then_restart_answers_once_and_loses_nothing(bridge_home, tmp_path):
@@ -117,7 +117,7 @@ def test_sigkill_mid_turn_then_restart_answers_once_and_loses_nothing(bridge_hom
         archive = (home / "memory" / "telegram" / f"{OWNER}.org").read_text()
         assert archive.count(":ROLE:     user") == 1 and "slow answer" in archive
     finally:
-        assert again.stop() == 0
+        assert again.stop() == 0, again.said
 
 
 def test_sigterm_lets_the_turn_in_flight_finish(bridge_home, tmp_path):
@@ -125,7 +125,7 @@ def test_sigterm_lets_the_turn_in_flight_finish(bridge_home, tmp_path):
     kernel = serve(home, tmp_path / "run")
     fake.call(fake.api.send, OWNER, "hello")
     wait_until(lambda: fake.call(lambda: bool(fake.api.actions)))
-    assert kernel.stop() == 0                             # SIGTERM, then wait
+    assert kernel.stop() == 0, kernel.said  # SIGTERM, then wait
     assert fake.replies() == ["slow answer"]
     inbox = (home / "bridges" / "telegram.inbox.jsonl").read_text()
     pending = [json.loads(line) for line in inbox.splitlines() if line.strip()]
@@ -146,7 +146,7 @@ def test_serve_with_the_wire_and_opencortex_client(home, tmp_path):
         assert done.returncode == 0, done.stderr
         assert "[Echo] hello over the wire" in done.stdout
     finally:
-        assert kernel.stop() == 0
+        assert kernel.stop() == 0, kernel.said
     archive = (home / "memory" / "cli" / "wire.org").read_text()
     assert "hello over the wire" in archive
 
@@ -162,4 +162,4 @@ def test_chat_on_a_home_a_kernel_serves_is_refused(home, tmp_path):
         error = json.loads(done.stdout)["error"]
         assert "already running" in error and "opencortex client" in error
     finally:
-        assert kernel.stop() == 0
+        assert kernel.stop() == 0, kernel.said
