@@ -29,7 +29,7 @@ from opencortex.homepath import home_of
 if TYPE_CHECKING:
     from opencortex.config import Config
     from opencortex.events import Thread
-    from opencortex.serve_port import Bound
+    from opencortex.serve_port import Bound, StopSignals
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
 
@@ -284,30 +284,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """The home's lock held and the port line printed first, then the configuration read
     and the kernel built (see `serve_port`); with --ws the kernel first, since the
     wire's port goes in the connection file too."""
-    from opencortex.serve_port import Stopped, bound_port, stopped_by_signals
+    from opencortex.serve_port import Stopped, bound_port, noting_stop_signals
     home = home_of(args.home)
     require_writable_home(home, "serving")
     try:
         if args.ws_port is not None:
             return _serve(args)
-        with stopped_by_signals(), bound_port(home, port=args.port,
-                                              connection_file=args.connection_file) as bound:
+        with noting_stop_signals() as signals, bound_port(
+                home, port=args.port, connection_file=args.connection_file) as bound:
             bound.announce(sys.stdout)
-            return _serve(args, bound)
+            return _serve(args, bound, signals)
     except Stopped:                     # before the kernel's loop took the signals over
         return EXIT_OK
     except HomeInUse as error:
         return _fail(str(error))
 
 
-def _serve(args: argparse.Namespace, bound: Bound | None = None) -> int:
-    """Read the configuration and serve, on BOUND when the port is bound already."""
+def _serve(args: argparse.Namespace, bound: Bound | None = None,
+           signals: StopSignals | None = None) -> int:
+    """Read the configuration and serve, on BOUND when the port is bound already (SIGNALS:
+    the stop signals noted since, handed on to the kernel's loop)."""
     from opencortex.eventloop import EventLoopUnavailable, run
     from opencortex.serve import serve, serve_bound
     config = _config_for(args)
+    if signals is not None:
+        signals.check()                 # stopped while the configuration was read
     try:
         if bound is not None:
-            return run(serve_bound(config, bound), config.event_loop)
+            return run(serve_bound(config, bound, noted=signals), config.event_loop)
         return run(serve(config, port=args.port, connection_file=args.connection_file,
                          ws_port=args.ws_port), config.event_loop)
     except EventLoopUnavailable as error:

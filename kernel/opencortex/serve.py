@@ -26,7 +26,9 @@ It runs on uvloop where that is installed (`eventloop`; `event_loop` in the
 configuration), its threads together on one CPU, moved when other work keeps
 that CPU busy (`placement`; `cpu` in the configuration).  SIGTERM, SIGINT and SIGHUP stop it gracefully: the bridges stop
 fetching, turns in flight get `stop_grace` seconds to finish, what the bridges
-have not handled stays in their inboxes, then everything closes.
+have not handled stays in their inboxes, then everything closes.  One that came
+after the port line, before this loop took the signals over, was noted (see
+`serve_port.noting_stop_signals`): nothing is built then.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from opencortex.eventloop import loop_name
 from opencortex.placement import PLACEMENT, on_one_cpu
-from opencortex.serve_port import STOP_SIGNALS, Bound, bound_port
+from opencortex.serve_port import STOP_SIGNALS, Bound, StopSignals, bound_port
 
 if TYPE_CHECKING:     # the kernel's modules load after the port line (see `serve_bound`)
     from opencortex.config import Config
@@ -95,14 +97,17 @@ async def serve(config: Config, *, port: int = 0, connection_file: Path | None =
 
 async def serve_bound(config: Config, bound: Bound, *, stdout: TextIO = sys.stdout,
                       backend: Backend | None = None, stop: asyncio.Event | None = None,
-                      ws_port: int | None = None) -> int:
+                      ws_port: int | None = None, noted: StopSignals | None = None) -> int:
     """Build the kernel and serve on BOUND (announced already, unless with WS_PORT: then
-    once the wire listens), until a stop signal or STOP (see the module doc)."""
+    once the wire listens), until a stop signal or STOP (see the module doc).  NOTED:
+    the stop signals that came before this loop took them over (nothing is built then)."""
     loop = asyncio.get_running_loop()
     if stop is None:                    # a signal during the build stops the kernel after it
         stop = asyncio.Event()
         for number in STOP_SIGNALS:
             loop.add_signal_handler(number, stop.set)
+    if noted is not None and noted.received is not None:
+        return 0
     return await _build_and_serve(config, bound, loop, stdout=stdout, backend=backend,
                                   stop=stop, ws_port=ws_port)
 

@@ -139,21 +139,40 @@ def bound_port(home: Path, *, port: int = 0, connection_file: Path | None = None
 
 class Stopped(SystemExit):
     """A stop signal came before the kernel's event loop took them over.  A SystemExit,
-    so no `except Exception` on the way swallows it, and an event loop running by then
-    passes it on instead of logging it."""
+    so no `except Exception` on the way swallows it."""
+
+
+class StopSignals:
+    """The stop signals that came before the kernel's event loop took them over (see
+    `noting_stop_signals`): noted where they land, acted on where the start checks."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None      # the first one's name ("SIGTERM")
+
+    def check(self) -> None:
+        """Stopped, when a stop signal came."""
+        if self.received is not None:
+            raise Stopped(self.received)
 
 
 @contextmanager
-def stopped_by_signals() -> Iterator[None]:
-    """SIGTERM, SIGINT and SIGHUP raise Stopped meanwhile (so what `bound_port` holds
-    is given back), instead of ending the process where it stands; then as before.
-    For the stretch between the port line and the event loop (the configuration read,
-    the imports): the loop installs its own handlers."""
-    def stop(number: int, frame: Any) -> None:
-        raise Stopped(signal.Signals(number).name)
-    before = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+def noting_stop_signals() -> Iterator[StopSignals]:
+    """SIGTERM, SIGINT and SIGHUP noted meanwhile, instead of ending the process where it
+    stands (so what `bound_port` holds is given back); then as before.  For the
+    stretch between the port line and the event loop (the configuration read, the
+    imports), whose code checks at its own points and hands them to the loop.
+
+    Noted, not raised: an exception raised where a signal lands (an import, a class
+    being made, a thread starting) came out as another error ("unexpected
+    RuntimeError", pydantic's SchemaError: exit 1) or left the start hung."""
+    noted = StopSignals()
+
+    def note(number: int, frame: Any) -> None:
+        if noted.received is None:
+            noted.received = signal.Signals(number).name
+    before = {number: signal.signal(number, note) for number in STOP_SIGNALS}
     try:
-        yield
+        yield noted
     finally:
         for number, handler in before.items():
             signal.signal(number, handler)
