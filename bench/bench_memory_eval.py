@@ -122,8 +122,9 @@ def evaluate(conversations: Conversations, data: Dataset, ids: dict[int, str],
         rows = found[kind]
         r5 = sum(a for a, _ in rows) / len(rows)
         r10 = sum(b for _, b in rows) / len(rows)
+        taken = took[kind]
         print(f"  {kind:<10} n={len(rows):<4} R@5 {r5:.3f}   R@10 {r10:.3f}   recall p50 "
-              f"{statistics.median(took[kind]) * 1e3:5.2f} ms, slowest {max(took[kind]) * 1e3:6.2f}")
+              f"{statistics.median(taken) * 1e3:5.2f} ms, slowest {max(taken) * 1e3:6.2f}")
     print(f"  found only beside the K best: {beside_only[0]} at 5, {beside_only[1]} at 10")
     print(f"  recall latency   p50 {statistics.median(times) * 1e3:.2f} ms   "
           f"p95 {percentile(times, 0.95) * 1e3:.2f} ms")
