@@ -28,6 +28,7 @@ from opencortex.serve_port import (Stopped, bound_port, default_connection_file,
                                    noting_stop_signals)
 
 from conftest import cli_env
+from test_epc import Kernel
 
 GATED = """\
 (import os time)
@@ -167,26 +168,11 @@ def test_a_stop_signal_during_the_start_raises_nothing_where_it_lands(home):
 def test_sigterm_right_after_the_port_line_stops_the_kernel_cleanly(home, tmp_path):
     """SIGTERM while the start reads its configuration, imports and builds (0 to 0.2 s
     after the port line): exit 0, nothing "unexpected" said, no connection file left."""
-    runtime = tmp_path / "run"
     for delay in (0.0, 0.05, 0.2):
-        process = subprocess.Popen(
-            [sys.executable, "-m", "opencortex", "serve", "--home", str(home), "--backend",
-             "echo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=cli_env(home, XDG_RUNTIME_DIR=str(runtime)))
-        try:
-            assert process.stdout.readline().strip().isdigit()
-            time.sleep(delay)
-            process.terminate()
-            code = process.wait(timeout=60)
-            said = process.stderr.read()
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            process.stdout.close()
-            process.stderr.close()
-        assert code == 0 and "unexpected" not in said, said
-        assert not default_connection_file(home, runtime / "opencortex").exists()
+        kernel = Kernel(home, tmp_path / "run", "--backend", "echo")
+        time.sleep(delay)
+        assert kernel.stop() == 0 and "unexpected" not in kernel.said, kernel.said
+        assert not kernel.connection_file.exists()
 
 
 def test_the_index_opens_on_first_use(tmp_path):
