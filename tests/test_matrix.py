@@ -201,6 +201,31 @@ def test_a_strangers_invite_is_declined_and_their_words_never_reach_the_kernel(
     assert "secret stranger words" not in caplog.text
 
 
+def test_a_message_whose_fields_are_not_what_the_spec_says_is_skipped_not_fatal(
+        homeserver, home, tmp_path):
+    """Synapse checks the fields of a plain message its own users send (a `msgtype`
+    must be text), but it cannot see inside an encrypted one, and does not check
+    events other servers send it (`EventValidator.validate_new`: "stricter checks
+    than is appropriate for an event received over federation").  One message whose
+    `msgtype` was an object, in any room the bot is in, made the bridge's fetch raise
+    TypeError (unhashable), which nothing retried: the Matrix bridge ended, and the
+    batch, never acknowledged, ended it again after every restart."""
+    bot, owner = accounts(homeserver, "bot", "owner")
+
+    async def scenario():
+        async with people(homeserver, tmp_path, owner) as (person,), \
+                bridge(home, homeserver, bot, [owner.user_id]) as (running, _):
+            room = await person.create_room([bot.user_id], encrypted=True)
+            await joined(person, room, bot.user_id)
+            await person.say(room, "odd", msgtype={"not": "text"},
+                             **{"m.relates_to": ["a", "list"], "m.mentions": "everyone"})
+            await person.say(room, "still answered")
+            await person.until(lambda: person.messages(room, bot.user_id))
+            assert person.bodies(room, bot.user_id) == ["[Echo] still answered"]
+            assert running.status["state"] == "running"
+    run(scenario())
+
+
 # -- approvals, limits, keys ---------------------------------------------------------
 
 SHELL = '(:type :REQUEST :target :shell :cmd ("echo" "approved-run"))'

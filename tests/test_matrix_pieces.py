@@ -4,9 +4,12 @@ the history cut, settings."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from opencortex.bridges.matrix import matrix_html
-from opencortex.bridges.matrix_events import reaction_answer, read_event, strip_reply_fallback
+from opencortex.bridges.matrix_events import (RoomEvent, reaction_answer, read_event,
+                                              strip_reply_fallback)
 from opencortex.bridges.matrix_session import arrival
 from opencortex.bridges.matrix_state import MatrixState
 from opencortex.bridges.runner import PLATFORMS
@@ -43,6 +46,72 @@ def test_reading_events():
     assert (reaction.kind, reaction.reacts_to) == ("reaction", "$asked")
     assert reaction_answer(reaction.reaction) is True and reaction_answer("❌") is False
     assert reaction_answer("👍") is None and reaction_answer("") is None
+
+
+# Any JSON, shaped like events often enough that the fuzzing reaches every field read.
+TEXTS = st.sampled_from(["m.room.message", "m.reaction", "m.room.redaction", "m.sticker",
+                         "m.room.member", "m.text", "m.image", "m.thread", "m.replace",
+                         "m.annotation", "join", "invite", "@bot:x", "$e", "> q\n\nx", "✅"])
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | TEXTS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3) | TEXTS,
+                                                                inner, max_size=3),
+    max_leaves=12)
+
+
+def shaped(keys: str, values=JSON):
+    """Objects holding some of KEYS, each one of VALUES; or any JSON at all."""
+    return st.dictionaries(st.sampled_from(keys.split()), values, max_size=4) | JSON
+
+
+RELATION = shaped("rel_type event_id m.in_reply_to is_falling_back key",
+                  TEXTS | shaped("event_id"))
+CONTENT = shaped("msgtype body filename m.relates_to m.mentions membership",
+                 TEXTS | RELATION | shaped("user_ids"))
+KINDS = st.sampled_from(["m.room.message", "m.reaction", "m.room.redaction", "m.sticker",
+                         "m.room.member"])
+EVENTS = st.fixed_dictionaries({"type": KINDS, "event_id": st.just("$e"),
+                                "sender": st.just("@a:x"), "content": CONTENT})
+ANY_EVENTS = st.fixed_dictionaries(
+    {"type": KINDS | JSON, "event_id": JSON, "sender": JSON, "content": CONTENT},
+    optional={"state_key": st.just("@bot:x") | JSON})
+MEMBERSHIPS = st.fixed_dictionaries(
+    {"type": st.just("m.room.member") | JSON, "content": CONTENT},
+    optional={"state_key": st.just("@bot:x") | JSON,
+              "unsigned": shaped("prev_content", CONTENT)})
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(EVENTS | ANY_EVENTS)
+def test_any_json_event_reads_as_a_room_event_or_none(source):
+    """An event's content is what its sender's client wrote (Synapse checks only plain
+    messages of its own users): a `msgtype` that was an object raised TypeError."""
+    seen = read_event(source)
+    assert seen is None or isinstance(seen, RoomEvent)
+    if seen is not None:
+        assert all(isinstance(value, str) for value in (
+            seen.event_id, seen.sender, seen.text, seen.thread_root, seen.reply_to,
+            seen.reacts_to, seen.reaction, *seen.mentions))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(MEMBERSHIPS | ANY_EVENTS, max_size=5))
+def test_the_history_cut_reads_any_json_timeline(sources):
+    class Event:
+        def __init__(self, source):
+            self.source = source
+    assert 0 <= arrival([Event(source) for source in sources], "@bot:x") <= len(sources)
+
+
+def test_a_message_whose_fields_have_other_types_is_read_without_them():
+    odd = read_event(message({"msgtype": {"not": "text"}, "body": 7,
+                              "m.relates_to": ["a"], "m.mentions": "all"}))
+    assert (odd.kind, odd.text, odd.mentions) == ("other", "", ())
+    listed = read_event(message({"msgtype": ["m.text"], "body": "x"}))
+    assert listed.kind == "other"
+    reply = read_event(message({"msgtype": "m.text", "body": "x",
+                                "m.relates_to": {"m.in_reply_to": {"event_id": 5}}}))
+    assert (reply.kind, reply.reply_to) == ("text", "")
 
 
 def test_reply_fallback_and_html_line_breaks():

@@ -143,6 +143,37 @@ def test_a_failing_api_is_retried_without_leaking_the_token(home, caplog):
     assert TOKEN not in caplog.text
 
 
+def test_an_unexpected_error_in_a_fetch_is_retried_not_the_end_of_the_bridge(home, caplog):
+    """Only a BridgeError was retried: any other error a fetch raised (a defect, or a
+    library's error the platform did not wrap, such as Matrix's TypeError on an odd
+    event) ended the bridge's task, silently, until the kernel stopped.  Now it is
+    reported by its type and place (its text may quote what was received) and the
+    bridge goes on."""
+    caplog.set_level(logging.DEBUG)
+
+    async def scenario():
+        async with bridge(home) as (fake, running, _):
+            platform, raised = running.platform, []
+            fetch = platform.fetch
+
+            async def failing_once():
+                if not raised:
+                    raised.append(1)
+                    raise ValueError("it quoted secret received words")
+                return await fetch()
+            platform.fetch = failing_once
+            await until(lambda: raised, 10)
+            fake.send(OWNER, "still there?")
+            await until(lambda: texts(fake, OWNER), 30)
+            assert texts(fake, OWNER) == ["[Echo] still there?"]
+            assert running.status["errors"] == 1 and running.status["state"] == "running"
+            assert running.status["last_error"].startswith(
+                "unexpected ValueError at test_telegram.py:")
+    run(scenario())
+    assert "unexpected ValueError at test_telegram.py:" in caplog.text
+    assert "secret received words" not in caplog.text
+
+
 def test_media_edits_and_captions(home):
     async def scenario():
         async with bridge(home) as (fake, _, kernel):

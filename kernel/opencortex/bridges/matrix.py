@@ -146,13 +146,12 @@ class MatrixPlatform(Platform):
         from nio import MegolmEvent
         read: list[tuple[str, Any, RoomEvent]] = []
         for room_id, event in events:
-            if event.sender == self.session.user_id:
-                continue
             if isinstance(event, MegolmEvent):
-                await self._undecryptable(room_id, event)
+                if event.sender != self.session.user_id:
+                    await self._undecryptable(room_id, event)
                 continue
-            seen = read_event(event.source)
-            if seen is not None:
+            seen = read_event(event.source)    # any JSON: nio's BadEvents too
+            if seen is not None and seen.sender != self.session.user_id:
                 read.append((room_id, event, seen))
         positions, before = await asyncio.to_thread(     # kept (fsynced) off the event loop
             self.session.state.positions, [seen.event_id for *_, seen in read])

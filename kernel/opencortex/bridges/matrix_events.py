@@ -6,6 +6,11 @@ answer), its text without the quoted fallback of a reply, the thread it was
 posted in, the event it replies to or reacts to, and whom it mentions.
 `reaction_answer` reads an approval reaction (✅ approves, ❌ denies).
 Pure functions: no I/O, no policy.
+
+The content is whatever the sender's client put there: Synapse checks the
+fields of a plain message its own users send, not those of an encrypted one
+or of an event from another server.  So every field is read as the type the
+spec gives it or not at all: any JSON object gives a RoomEvent or None.
 """
 
 from __future__ import annotations
@@ -61,15 +66,14 @@ def _reaction(event_id: str, sender: str, relation: dict[str, Any]) -> RoomEvent
     if relation.get("rel_type") != "m.annotation" or not isinstance(relation.get("event_id"),
                                                                       str):
         return None
-    key = relation.get("key")
     return RoomEvent(event_id, sender, "reaction", reacts_to=relation["event_id"],
-                     reaction=key if isinstance(key, str) else "")
+                     reaction=_text(relation.get("key")))
 
 
 def _message(event_id: str, sender: str, content: dict[str, Any],
              relation: dict[str, Any]) -> RoomEvent:
-    msgtype = content.get("msgtype")
-    body = content.get("body") if isinstance(content.get("body"), str) else ""
+    msgtype = _text(content.get("msgtype"))
+    body = _text(content.get("body"))
     place = _place(relation)
     mentions = _mentions(content)
     if relation.get("rel_type") == "m.replace":
@@ -84,20 +88,31 @@ def _message(event_id: str, sender: str, content: dict[str, Any],
     return RoomEvent(event_id, sender, "other", **place)   # m.notice (bots), unknown types
 
 
+def _text(value: Any) -> str:
+    """VALUE when it is text, else ""."""
+    return value if isinstance(value, str) else ""
+
+
+def nested(value: Any, *keys: str) -> Any:
+    """VALUE[KEYS[0]][KEYS[1]]...; None where a step is not an object or lacks the key."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
 def _place(relation: dict[str, Any]) -> dict[str, str]:
     """The thread root and the replied-to event of a message's relation."""
     root = relation.get("event_id") if relation.get("rel_type") == "m.thread" else ""
-    reply = relation.get("m.in_reply_to")
-    reply_to = reply.get("event_id") if isinstance(reply, dict) else ""
+    reply_to = nested(relation, "m.in_reply_to", "event_id")
     if relation.get("is_falling_back"):   # a thread's fallback reply is no real reply
         reply_to = ""
-    return {"thread_root": root if isinstance(root, str) else "",
-            "reply_to": reply_to if isinstance(reply_to, str) else ""}
+    return {"thread_root": _text(root), "reply_to": _text(reply_to)}
 
 
 def _mentions(content: dict[str, Any]) -> tuple[str, ...]:
-    mentions = content.get("m.mentions")
-    users = mentions.get("user_ids") if isinstance(mentions, dict) else None
+    users = nested(content, "m.mentions", "user_ids")
     return tuple(user for user in users if isinstance(user, str)) \
         if isinstance(users, list) else ()
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from opencortex.bridges.contract import BridgeError
 from opencortex.bridges.matrix_crypto import DeviceTrust
+from opencortex.bridges.matrix_events import nested
 from opencortex.bridges.matrix_state import MatrixState, private_directory
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.settings import MatrixSettings
@@ -271,8 +272,8 @@ def arrival(timeline: list[Any], user_id: str) -> int:
         source = event.source
         if source.get("type") != "m.room.member" or source.get("state_key") != user_id:
             continue
-        membership = (source.get("content") or {}).get("membership")
-        before = ((source.get("unsigned") or {}).get("prev_content") or {}).get("membership")
+        membership = nested(source, "content", "membership")
+        before = nested(source, "unsigned", "prev_content", "membership")
         if membership == "invite" or (membership == "join" and before not in ("invite", "join")):
             start = index + 1
     return start

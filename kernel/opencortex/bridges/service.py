@@ -30,7 +30,9 @@ import asyncio
 import dataclasses
 import logging
 import random
+import traceback
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from opencortex.actuation import PLATFORM_ID
@@ -139,7 +141,7 @@ class Bridge:
     # -- the loop -------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch and dispatch until STOP is set; platform failures are retried with backoff."""
+        """Fetch and dispatch until STOP is set; failures are retried with backoff."""
         delay = 1.0
         while not stop.is_set():
             try:
@@ -152,9 +154,9 @@ class Bridge:
                         self._admit(message)
                 await self._fetch_once(stop)
                 self.status["state"], delay = "running", 1.0
-            except BridgeError as error:
-                self._report(error)
-                wait = BACKOFF_MAX if error.fatal else delay
+            except Exception as error:   # the platform failed (BridgeError), or a defect
+                self._report(error)      # or an error it did not wrap: retried alike
+                wait = BACKOFF_MAX if getattr(error, "fatal", False) else delay
                 delay = min(BACKOFF_MAX, delay * 2)
                 await self._sleep(stop, wait * random.uniform(0.8, 1.2))
         await self._drain()
@@ -184,10 +186,19 @@ class Bridge:
             return message
         return dataclasses.replace(message, text="", sender_name="")
 
-    def _report(self, error: BridgeError) -> None:
-        self.status.update(state="retrying", last_error=str(error))
+    def _report(self, error: Exception) -> None:
+        """Count ERROR and say it in the status and the log: a BridgeError by its text
+        (the platform's words), any other by its type and where it was raised (its
+        text may quote what was received)."""
+        if isinstance(error, BridgeError):
+            said = str(error)
+        else:
+            last = traceback.extract_tb(error.__traceback__)[-1]
+            said = f"unexpected {type(error).__name__} at {Path(last.filename).name}:" \
+                f"{last.lineno}"
+        self.status.update(state="retrying", last_error=said)
         self.status["errors"] += 1
-        log.warning("%s bridge: %s; retrying", self.channel, error)
+        log.warning("%s bridge: %s; retrying", self.channel, said)
 
     @staticmethod
     async def _sleep(stop: asyncio.Event, seconds: float) -> None:
