@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from opencortex.bridges.inbound import from_milliseconds
 from opencortex.bridges.matrix import matrix_html
 from opencortex.bridges.matrix_events import (RoomEvent, reaction_answer, read_event,
                                               strip_reply_fallback)
@@ -112,6 +113,13 @@ def test_a_message_whose_fields_have_other_types_is_read_without_them():
     reply = read_event(message({"msgtype": "m.text", "body": "x",
                                 "m.relates_to": {"m.in_reply_to": {"event_id": 5}}}))
     assert (reply.kind, reply.reply_to) == ("text", "")
+
+
+def test_a_timestamp_is_read_only_when_it_is_a_whole_number_json_carries_exactly():
+    assert from_milliseconds(1_795_950_539_580) == 1_795_950_539.58
+    assert from_milliseconds(-5) == -0.005          # the kernel decides what it believes
+    assert [from_milliseconds(odd) for odd in (10 ** 400, 2 ** 53 + 1, True, 1.5, "1")] \
+        == [None] * 5
 
 
 def test_reply_fallback_and_html_line_breaks():

@@ -38,7 +38,8 @@ class Inbound:
 
 def from_milliseconds(stamp: Any) -> float | None:
     """A platform's time in milliseconds since the epoch (Signal's, Matrix's) as
-    seconds, for `Inbound.sent_at`; None when STAMP is no whole number."""
-    if isinstance(stamp, bool) or not isinstance(stamp, int):
+    seconds, for `Inbound.sent_at`; None when STAMP is no whole number, or none JSON
+    carries exactly (a sender's server may write any number: 10**400 overflowed)."""
+    if isinstance(stamp, bool) or not isinstance(stamp, int) or abs(stamp) > 2 ** 53:
         return None
     return stamp / 1000
