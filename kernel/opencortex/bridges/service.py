@@ -156,7 +156,7 @@ class Bridge:
                 self.status["state"], delay = "running", 1.0
             except Exception as error:   # the platform failed (BridgeError), or a defect
                 self._report(error)      # or an error it did not wrap: retried alike
-                wait = BACKOFF_MAX if getattr(error, "fatal", False) else delay
+                wait = BACKOFF_MAX if isinstance(error, BridgeError) and error.fatal else delay
                 delay = min(BACKOFF_MAX, delay * 2)
                 await self._sleep(stop, wait * random.uniform(0.8, 1.2))
         await self._drain()
