@@ -81,6 +81,18 @@ async def joined(person: Person, room_id: str, bot_id: str) -> None:
     await person.until(lambda: person.membership(room_id, bot_id) == "join")
 
 
+@asynccontextmanager
+async def room_with_the_bot(homeserver: Homeserver, home: Path, tmp_path: Path, bot, owner,
+                            *, encrypted: bool, **options):
+    """OWNER's client and BOT's bridge (OWNER allowed, OPTIONS as `bridge` takes them) in
+    a new room of the two, the bot joined: (person, running bridge, kernel, room id)."""
+    async with people(homeserver, tmp_path, owner) as (person,), \
+            bridge(home, homeserver, bot, [owner.user_id], **options) as (running, kernel):
+        room = await person.create_room([bot.user_id], encrypted=encrypted)
+        await joined(person, room, bot.user_id)
+        yield person, running, kernel, room
+
+
 # -- end to end, encrypted ----------------------------------------------------------
 
 def test_an_encrypted_room_end_to_end_across_a_restart(homeserver, home, tmp_path,
@@ -145,10 +157,8 @@ def test_replies_follow_the_thread_and_edits_are_not_answered(homeserver, home, 
     bot, owner = accounts(homeserver, "bot", "owner")
 
     async def scenario():
-        async with people(homeserver, tmp_path, owner) as (person,), \
-                bridge(home, homeserver, bot, [owner.user_id]):
-            room = await person.create_room([bot.user_id], encrypted=False)
-            await joined(person, room, bot.user_id)
+        async with room_with_the_bot(homeserver, home, tmp_path, bot, owner,
+                                     encrypted=False) as (person, _, _, room):
             root = await person.say(room, "a thread root")
             await person.until(lambda: len(person.messages(room, bot.user_id)) == 1)
             await person.say(room, "* changed", **{
@@ -213,10 +223,8 @@ def test_a_message_whose_fields_are_not_what_the_spec_says_is_skipped_not_fatal(
     bot, owner = accounts(homeserver, "bot", "owner")
 
     async def scenario():
-        async with people(homeserver, tmp_path, owner) as (person,), \
-                bridge(home, homeserver, bot, [owner.user_id]) as (running, _):
-            room = await person.create_room([bot.user_id], encrypted=True)
-            await joined(person, room, bot.user_id)
+        async with room_with_the_bot(homeserver, home, tmp_path, bot, owner,
+                                     encrypted=True) as (person, running, _, room):
             await person.say(room, "odd", msgtype={"not": "text"},
                              **{"m.relates_to": ["a", "list"], "m.mentions": "everyone"})
             await person.say(room, "still answered")
@@ -236,12 +244,10 @@ def test_an_approval_by_reaction_runs_the_action(homeserver, home, tmp_path):
     bot, owner = accounts(homeserver, "bot", "owner")
 
     async def scenario():
-        async with people(homeserver, tmp_path, owner) as (person,), \
-                bridge(home, homeserver, bot, [owner.user_id],
-                       backend=script(tmp_path, SHELL, AFTER),
-                       owners={"matrix:*": "developer"}) as (_, kernel):
-            room = await person.create_room([bot.user_id], encrypted=True)
-            await joined(person, room, bot.user_id)
+        async with room_with_the_bot(homeserver, home, tmp_path, bot, owner, encrypted=True,
+                                     backend=script(tmp_path, SHELL, AFTER),
+                                     owners={"matrix:*": "developer"}) as (person, _, kernel,
+                                                                           room):
             await person.say(room, "run it")
             asked = await person.until(lambda: [m for m in person.messages(room, bot.user_id)
                                                 if APPROVAL_HINT in m.body])
@@ -278,10 +284,8 @@ def test_m_limit_exceeded_is_honoured(homeserver, home, tmp_path):
     homeserver.override_ratelimit(admin, bot.user_id, per_second=1, burst=1)
 
     async def scenario():
-        async with people(homeserver, tmp_path, owner) as (person,), \
-                bridge(home, homeserver, bot, [owner.user_id]) as (running, _):
-            room = await person.create_room([bot.user_id], encrypted=False)
-            await joined(person, room, bot.user_id)
+        async with room_with_the_bot(homeserver, home, tmp_path, bot, owner,
+                                     encrypted=False) as (person, running, _, room):
             platform = running.platform
             await until(lambda: room in platform.client.rooms)
             with pytest.raises(RetryAfter) as limited:
@@ -297,10 +301,8 @@ def test_an_undecryptable_message_gets_a_key_request_and_a_notice(homeserver, ho
     bot, owner = accounts(homeserver, "bot", "owner")
 
     async def scenario():
-        async with people(homeserver, tmp_path, owner) as (person,), \
-                bridge(home, homeserver, bot, [owner.user_id]) as (running, _):
-            room = await person.create_room([bot.user_id], encrypted=True)
-            await joined(person, room, bot.user_id)
+        async with room_with_the_bot(homeserver, home, tmp_path, bot, owner,
+                                     encrypted=True) as (person, _, _, room):
             devices = await person.until(lambda: list(
                 person.client.device_store.active_user_devices(bot.user_id)))
             for device in devices:
