@@ -1,9 +1,11 @@
-"""What the bridge tests share: waiting bounded, scripted replies, a running bridge."""
+"""What the bridge tests share: waiting bounded, scripted replies, a running bridge, an odd
+item its platform cannot read."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -79,3 +81,23 @@ async def running_bridge(home: Path, platform: Platform, settings: BridgeSetting
         stop.set()
         await asyncio.wait_for(task, 30)
         await kernel.aclose()
+
+
+async def odd_item_skipped(running: Bridge, say: Callable[[str], Any],
+                           replies: Callable[[], list[str]]) -> None:
+    """RUNNING's platform fails to read (a TypeError quoting it) an item holding "odd
+    one", as a defect meets odd input; SAY sends "odd one" and then "after it" as an
+    allowed person: only the second is answered (REPLIES: the bot's texts to them),
+    and the bridge counts no failure."""
+    read = running.platform._item
+
+    def reading(item: Any) -> Any:
+        if "odd one" in str(item):
+            raise TypeError("it quoted the odd one")
+        return read(item)
+    running.platform._item = reading
+    say("odd one")
+    say("after it")
+    await until(replies, 30)
+    assert replies() == ["[Echo] after it"]
+    assert running.status["errors"] == 0

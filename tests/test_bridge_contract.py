@@ -4,6 +4,7 @@ formatting, approvals, the durable inbox."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 from opencortex.approvals import ApprovalRequest, action_digest
 from opencortex.bridges.access import Gate
 from opencortex.bridges.approvals import BridgeApprover, parse_answer, short_digest
+from opencortex.bridges.contract import BridgeError, Unreadable
 from opencortex.bridges.inbound import Inbound
 from opencortex.bridges.inbox import Inbox
 from opencortex.bridges.outbound import Pacer, RetryAfter, split_text, with_retry_after
@@ -95,6 +97,25 @@ def test_split_pieces_fit_and_lose_nothing_but_the_breaks(text, limit):
     pieces = split_text(text, limit)
     assert all(len(p) <= limit for p in pieces)
     assert "".join("".join(pieces).split()) == "".join(text.split())
+
+
+def test_an_item_a_platform_cannot_read_is_skipped_but_a_platform_failure_is_not(caplog):
+    """One odd item (a defect reading it) is left out with a line naming it and the
+    error's type, not its text; the platform failing still fails the fetch (retried)."""
+    caplog.set_level(logging.DEBUG)
+    unreadable, taken = Unreadable("somewhere"), []
+    for number in (1, 2, 3):
+        with unreadable.skipped(f"item {number}"):
+            if number == 2:
+                raise TypeError("it quoted the secret text")
+            taken.append(number)
+    assert taken == [1, 3]
+    assert "somewhere: skipped an incoming item it could not read (item 2: TypeError)" \
+        in caplog.text
+    assert "secret text" not in caplog.text
+    with pytest.raises(BridgeError):
+        with unreadable.skipped("item 4"):
+            raise BridgeError("the network is down")
 
 
 def test_split_prefers_paragraphs_and_reopens_a_cut_code_block():

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from nio import MegolmEvent, RoomMessageNotice
 
-from opencortex.bridges import matrix_session
+from opencortex.bridges import matrix, matrix_session
 from opencortex.bridges.matrix import (APPROVAL_HINT, ENCRYPTED_ONLY, UNDECRYPTABLE, UNTRUSTED,
                                        MatrixPlatform)
 from opencortex.bridges.matrix_session import MatrixSession
@@ -232,6 +232,33 @@ def test_a_message_whose_fields_are_not_what_the_spec_says_is_skipped_not_fatal(
             assert person.bodies(room, bot.user_id) == ["[Echo] still answered"]
             assert running.status["state"] == "running"
     run(scenario())
+
+
+def test_an_event_the_platform_cannot_read_is_skipped_and_the_next_answered(
+        homeserver, home, tmp_path, monkeypatch, caplog):
+    """A defect reading one event failed the whole sync batch, on every retry: the
+    messages after it were never answered.  Now only that event is left out."""
+    caplog.set_level(logging.DEBUG)
+    read = matrix.read_event
+
+    def odd_reading(source):
+        if "odd one" in str(source.get("content")):
+            raise TypeError("it quoted the odd one")
+        return read(source)
+    monkeypatch.setattr(matrix, "read_event", odd_reading)
+    bot, owner = accounts(homeserver, "bot", "owner")
+
+    async def scenario():
+        async with room_with_the_bot(homeserver, home, tmp_path, bot, owner,
+                                     encrypted=False) as (person, running, _, room):
+            await person.say(room, "odd one")
+            await person.say(room, "after it")
+            await person.until(lambda: person.messages(room, bot.user_id))
+            assert person.bodies(room, bot.user_id) == ["[Echo] after it"]
+            assert running.status["errors"] == 0
+    run(scenario())
+    assert "matrix: skipped an incoming item it could not read (event $" in caplog.text
+    assert "quoted the odd one" not in caplog.text
 
 
 # -- approvals, limits, keys ---------------------------------------------------------

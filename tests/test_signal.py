@@ -20,7 +20,7 @@ from opencortex.events import Thread
 from opencortex.llm import EchoBackend
 from opencortex.runtime import build_kernel
 
-from bridge_helpers import archived_step, run, running_bridge, script, until
+from bridge_helpers import odd_item_skipped, archived_step, run, running_bridge, script, until
 from signal_fake import (FRIEND, GROUP, OTHER_GROUP, OWNER, STRANGER, FakeSignalCli, Person,
                          rate_limited)
 
@@ -71,6 +71,21 @@ def test_owner_by_uuid_is_answered_with_styles_and_a_stranger_is_refused_once(ho
             assert fake.calls.count("subscribeReceive") == 1
     run(scenario())
     assert "stranger words" not in caplog.text and "hello" not in caplog.text
+
+
+def test_a_notification_the_platform_cannot_read_is_skipped_and_the_rest_answered(
+        home, caplog):
+    """A defect reading one notification failed the whole fetch; signal-cli does not
+    send a notification twice, so its batch was lost.  Now only that one is left out."""
+    caplog.set_level(logging.DEBUG)
+
+    async def scenario():
+        async with bridge(home) as (fake, running, _):
+            await odd_item_skipped(running, lambda text: fake.message(OWNER, text),
+                                   lambda: texts(fake, OWNER.uuid))
+    run(scenario())
+    assert "signal: skipped an incoming item it could not read (notification " in caplog.text
+    assert "quoted the odd one" not in caplog.text
 
 
 def test_an_allowed_number_is_answered_under_its_uuid(home):

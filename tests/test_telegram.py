@@ -16,7 +16,7 @@ from opencortex.bridges.settings import TelegramSettings
 from opencortex.bridges.telegram import TelegramPlatform
 from opencortex.events import Thread
 
-from bridge_helpers import run, running_bridge, script, until
+from bridge_helpers import odd_item_skipped, run, running_bridge, script, until
 from telegram_fake import BOT_NAME, FakeBotApi
 
 TOKEN = "4242:AAE-canary-token-never-logged"
@@ -172,6 +172,21 @@ def test_an_unexpected_error_in_a_fetch_is_retried_not_the_end_of_the_bridge(hom
     run(scenario())
     assert "unexpected ValueError at test_telegram.py:" in caplog.text
     assert "secret received words" not in caplog.text
+
+
+def test_an_update_the_platform_cannot_read_is_skipped_and_the_next_answered(home, caplog):
+    """A defect reading one update failed the whole fetch, and the retry fetched the
+    same batch again: every message after it waited for ever.  Now that update is
+    left out (logged by its id and the error's type) and the batch goes on."""
+    caplog.set_level(logging.DEBUG)
+
+    async def scenario():
+        async with bridge(home) as (fake, running, _):
+            await odd_item_skipped(running, lambda text: fake.send(OWNER, text),
+                                   lambda: texts(fake, OWNER))
+    run(scenario())
+    assert "telegram: skipped an incoming item it could not read (update " in caplog.text
+    assert "quoted the odd one" not in caplog.text
 
 
 def test_media_edits_and_captions(home):

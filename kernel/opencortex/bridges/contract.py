@@ -12,10 +12,16 @@ bridge modules (`access`, `outbound`, `render`, `approvals`, `inbox`,
 from __future__ import annotations
 
 import abc
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from opencortex.bridges.inbound import Inbound
+from opencortex.throttled_log import ThrottledLog
+
+log = logging.getLogger(__name__)
 
 
 class BridgeError(Exception):
@@ -26,6 +32,29 @@ class BridgeError(Exception):
     def __init__(self, message: str, *, fatal: bool = False):
         super().__init__(message)
         self.fatal = fatal
+
+
+class Unreadable:
+    """What a platform module does with one incoming item (an update, an event, an
+    envelope) it fails to read: skip it, with a log line naming the item and the
+    error's type (never its text, which may quote the item), at most one a minute.
+    A BridgeError still fails the whole fetch, which the bridge retries: the
+    platform failed, not the item.  Without this, one odd item failed its batch on
+    every retry, and the messages after it were never read."""
+
+    def __init__(self, channel: str):
+        self._log = ThrottledLog(f"{channel}: skipped an incoming item it could not read",
+                                 logger=log)
+
+    @contextmanager
+    def skipped(self, item: str) -> Iterator[None]:
+        """Run the reading of ITEM (its id, for the log); an error skips it."""
+        try:
+            yield
+        except BridgeError:
+            raise
+        except Exception as error:
+            self._log(f" ({item}: {type(error).__name__})")
 
 
 class FormattingRejected(Exception):

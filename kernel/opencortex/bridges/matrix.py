@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opencortex.bridges.contract import BridgeError, Decision, Platform
+from opencortex.bridges.contract import BridgeError, Decision, Platform, Unreadable
 from opencortex.bridges.inbound import Inbound, from_milliseconds
 from opencortex.bridges.matrix_crypto import Undecrypted
 from opencortex.bridges.matrix_events import RoomEvent, reaction_answer, read_event
@@ -92,6 +92,7 @@ class MatrixPlatform(Platform):
         self._approvals: dict[str, tuple[str, str]] = {}  # event -> (approval id, digest)
         self._noticed: dict[tuple[str, str, str], float] = {}
         self._typing: set[str] = set()
+        self._unreadable = Unreadable("matrix")
 
     @property
     def client(self) -> Any:
@@ -146,22 +147,24 @@ class MatrixPlatform(Platform):
         from nio import MegolmEvent
         read: list[tuple[str, Any, RoomEvent]] = []
         for room_id, event in events:
-            if isinstance(event, MegolmEvent):
-                if event.sender != self.session.user_id:
-                    await self._undecryptable(room_id, event)
-                continue
-            seen = read_event(event.source)    # any JSON: nio's BadEvents too
-            if seen is not None and seen.sender != self.session.user_id:
-                read.append((room_id, event, seen))
+            with self._unreadable.skipped(f"event {getattr(event, 'event_id', '?')}"):
+                if isinstance(event, MegolmEvent):
+                    if event.sender != self.session.user_id:
+                        await self._undecryptable(room_id, event)
+                    continue
+                seen = read_event(event.source)    # any JSON: nio's BadEvents too
+                if seen is not None and seen.sender != self.session.user_id:
+                    read.append((room_id, event, seen))
         positions, before = await asyncio.to_thread(     # kept (fsynced) off the event loop
             self.session.state.positions, [seen.event_id for *_, seen in read])
         items: list[Inbound | Decision] = []
         for room_id, event, seen in read:
             if seen.kind == "reaction" and seen.event_id in before:
                 continue     # a decision is never applied twice
-            item = await self._item(room_id, event, seen, positions[seen.event_id])
-            if item is not None:
-                items.append(item)
+            with self._unreadable.skipped(f"event {seen.event_id}"):
+                item = await self._item(room_id, event, seen, positions[seen.event_id])
+                if item is not None:
+                    items.append(item)
         return items
 
     async def _item(self, room_id: str, event: Any, seen: RoomEvent,

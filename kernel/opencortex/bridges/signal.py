@@ -42,7 +42,8 @@ import time
 from typing import Any
 
 from opencortex.bridges.approvals import parse_answer
-from opencortex.bridges.contract import BridgeError, Decision, FormattingRejected, Platform
+from opencortex.bridges.contract import (BridgeError, Decision, FormattingRejected, Platform,
+                                         Unreadable)
 from opencortex.bridges.inbound import Inbound, from_milliseconds
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.settings import SignalSettings
@@ -93,6 +94,7 @@ class SignalPlatform(Platform):
         self._approvals: dict[tuple[str, int], tuple[str, str]] = {}
         self._position = 0
         self._deferred: BridgeError | None = None   # reported by the next fetch
+        self._unreadable = Unreadable("signal")
 
     # -- the connection ---------------------------------------------------------
 
@@ -178,7 +180,12 @@ class SignalPlatform(Platform):
         except ConnectionLost as lost:
             raise BridgeError(f"lost the connection to signal-cli at {connection.where} "
                               f"({lost}); reconnecting") from None
-        items = [item for item in map(self._item, notes) if item is not None]
+        items: list[Inbound | Decision] = []
+        for number, note in enumerate(notes, 1):
+            with self._unreadable.skipped(f"notification {number} of {len(notes)}"):
+                item = self._item(note)
+                if item is not None:
+                    items.append(item)
         if not items:
             self._raise_deferred()
         return items

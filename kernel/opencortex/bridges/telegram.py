@@ -32,7 +32,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from opencortex.bridges.contract import BridgeError, Decision, FormattingRejected, Platform
+from opencortex.bridges.contract import (BridgeError, Decision, FormattingRejected, Platform,
+                                         Unreadable)
 from opencortex.bridges.inbound import Inbound
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.settings import TelegramSettings
@@ -75,6 +76,7 @@ class TelegramPlatform(Platform):
         self._fetched: int | None = None   # the last update id fetched
         self._offset: int | None = None    # what getUpdates asks from
         self.receiver: WebhookReceiver | None = None   # in webhook mode
+        self._unreadable = Unreadable("telegram")
 
     # -- errors -----------------------------------------------------------------
 
@@ -182,9 +184,10 @@ class TelegramPlatform(Platform):
         items: list[Inbound | Decision] = []
         for update in updates:   # in order: the last one is confirmed (ids may restart)
             self._fetched = update.update_id
-            item = self._item(update)
-            if item is not None:
-                items.append(item)
+            with self._unreadable.skipped(f"update {update.update_id}"):
+                item = self._item(update)
+                if item is not None:
+                    items.append(item)
         return items
 
     async def acknowledge(self) -> None:

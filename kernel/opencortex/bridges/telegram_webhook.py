@@ -35,6 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
+from opencortex.bridges.contract import Unreadable
 from opencortex.throttled_log import ThrottledLog
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,7 @@ class WebhookReceiver:
                                      "secret token", logger=log)
         self._full = ThrottledLog(f"telegram webhook: {max_pending} updates already wait for "
                                   "the bridge; answered 503, Telegram retries", logger=log)
-        self._unreadable = ThrottledLog("telegram webhook: skipped an update "
-                                        "python-telegram-bot could not read", logger=log)
+        self._unreadable = Unreadable("telegram webhook")
 
     @property
     def pending(self) -> int:
@@ -171,11 +171,9 @@ class WebhookReceiver:
         if len(self._queue) >= self.max_pending:
             self._full()
             return LATER
-        try:
+        item = None
+        with self._unreadable.skipped(f"update {update['update_id']}"):
             item = self._parse(update)
-        except Exception as error:   # an update python-telegram-bot cannot read
-            self._unreadable(f" (update {update['update_id']}: {type(error).__name__})")
-            return KEPT
         if item is None:
             return KEPT
         return await self._deliver(item)
