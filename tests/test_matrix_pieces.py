@@ -17,6 +17,13 @@ from opencortex.bridges.runner import PLATFORMS
 from opencortex.bridges.settings import BridgesSettings, MatrixSettings
 
 
+class Event:
+    """A timeline event as `arrival` reads it: its JSON only."""
+
+    def __init__(self, source: dict):
+        self.source = source
+
+
 def message(content: dict, kind: str = "m.room.message", **extra) -> dict:
     return {"type": kind, "event_id": "$e", "sender": "@a:x", "content": content, **extra}
 
@@ -98,9 +105,6 @@ def test_any_json_event_reads_as_a_room_event_or_none(source):
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.lists(MEMBERSHIPS | ANY_EVENTS, max_size=5))
 def test_the_history_cut_reads_any_json_timeline(sources):
-    class Event:
-        def __init__(self, source):
-            self.source = source
     assert 0 <= arrival([Event(source) for source in sources], "@bot:x") <= len(sources)
 
 
@@ -143,9 +147,6 @@ def test_positions_are_stable_for_a_seen_event_and_grow_for_new_ones(tmp_path):
 
 
 def test_history_before_the_bots_invite_is_not_its_business():
-    class Event:
-        def __init__(self, source):
-            self.source = source
     me = "@bot:x"
     invite = Event({"type": "m.room.member", "state_key": me, "content": {"membership": "invite"}})
     join = Event({"type": "m.room.member", "state_key": me, "content": {"membership": "join"},
