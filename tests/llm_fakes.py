@@ -8,7 +8,8 @@ One aiohttp server on 127.0.0.1 (its own thread and event loop) answers
   chunks, a finish_reason chunk, a usage chunk, `data: [DONE]`.
 Each request takes the next queued `Reply` (or the `repeat` one), which can also
 fail: an HTTP error with `retry-after`, an SSE error event, a dropped connection,
-a stall, a stream that ends without its final event.  Every request is recorded.
+a stall, a stream that ends without its final event, or (`raw`) any SSE events as
+given, to be a server that breaks its protocol.  Every request is recorded.
 
 `python tests/llm_fakes.py --chunks 2000` serves a fixed reply in a process of
 its own (prints the port first; stops when stdin closes) for benchmarks.
@@ -50,6 +51,7 @@ class Reply:
     stop_reason: str = "end_turn"
     delay: float = 0.0  # seconds before each chunk
     burst: bool = False  # send the whole stream in one write (benchmarks: the client is timed)
+    raw: list[tuple[str | None, str]] | None = None  # instead: these SSE events, as written
 
 
 @dataclass
@@ -169,6 +171,8 @@ class FakeProvider:
                 error["details"] = {"error_code": reply.error_code}
             return web.json_response({"type": "error", "error": error}, status=reply.status,
                                      headers=reply.headers)
+        if reply.raw is not None:
+            return await self._raw(request, reply)
         model = (await request.json())["model"]
         response = web.StreamResponse(headers={"content-type": "text/event-stream",
                                                **reply.headers})
@@ -202,6 +206,19 @@ class FakeProvider:
             "usage": {"output_tokens": reply.output_tokens}}))
         await out.write(_sse("message_stop", {"type": "message_stop"}))
         return await out.flush()
+
+    async def _raw(self, request: web.Request, reply: Reply) -> web.StreamResponse:
+        """REPLY's raw SSE events, each `event:` (when named) and `data:` as given."""
+        response = web.StreamResponse(headers={"content-type": "text/event-stream",
+                                               **reply.headers})
+        await response.prepare(request)
+        try:
+            for event, data in reply.raw or ():
+                head = f"event: {event}\n" if event else ""
+                await response.write(f"{head}data: {data}\n\n".encode())
+        except ConnectionError:   # the client stopped reading what it could not read
+            pass
+        return response
 
     async def _interrupt(self, reply: Reply, number: int, request: web.Request,
                          out: _Out, *, anthropic: bool) -> bool:
@@ -237,6 +254,8 @@ class FakeProvider:
                 {"error": {"message": "fake provider error", "type": reply.error_type or None,
                            "code": reply.error_code}},
                 status=reply.status, headers=reply.headers)
+        if reply.raw is not None:
+            return await self._raw(request, reply)
         body = await request.json()
         response = web.StreamResponse(headers={"content-type": "text/event-stream",
                                                **reply.headers})

@@ -17,6 +17,7 @@ from opencortex.runtime import build_kernel
 
 from conftest import cli_env
 from llm_fakes import FakeProvider, Reply
+from test_llm_malformed import stream
 
 SECRET = "sk-ant-test-SECRET-9876543210"
 PLIST = '(:type :REQUEST :target :cli :text "Hello from the model")'
@@ -109,6 +110,32 @@ def test_a_stream_cut_midway_is_charged_to_the_budget_as_estimated(anthropic_hom
     assert usage.cost_usd == pytest.approx(
         (usage.input_tokens * 5 + usage.output_tokens * 25) / 1e6)
     assert [scope.used.tokens for scope in scopes] == [usage.input_tokens + usage.output_tokens]
+
+
+def test_a_reply_that_cannot_be_read_fails_the_turn_keeps_nothing_and_the_next_works(
+        anthropic_home, fake):
+    """A text delta that is a number, not text: before, a TypeError left the turn."""
+    odd = stream("anthropic", (2, ("delta", "text")), 5)
+    fake.push(odd, odd, odd)   # the first attempt and its two retries
+
+    async def go():
+        printed: list[str] = []
+        kernel = build_kernel(load_config(anthropic_home), writer=printed.append)
+        try:
+            failed = await kernel.handle(chat_message("first"))
+            kept = kernel.archive.read_thread(CLI)
+            fake.push(Reply(chunks=pieces(PLIST)))
+            answered = await kernel.handle(chat_message("second"))
+            return failed, kept, answered, printed, kernel.archive.read_thread(CLI)
+        finally:
+            await kernel.aclose()
+    failed, kept, answered, printed, records = asyncio.run(asyncio.wait_for(go(), 60))
+    assert failed.status == "failed" and kept == []
+    assert failed.errors[0].startswith("LLM_UNAVAILABLE: anthropic sent a reply that cannot "
+                                       "be read (unexpected TypeError at ")
+    assert "nothing of this turn was kept" in printed[0]
+    assert answered.status == "done" and answered.text == "Hello from the model"
+    assert [record.text for record in records][-1] == "Hello from the model"
 
 
 def test_rate_limited_turn_tells_the_wait(anthropic_home, fake):

@@ -15,13 +15,13 @@ import argparse
 import logging
 import shlex
 import sys
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from opencortex import __version__
 from opencortex.clireport import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, UsageError, fail,
                                   print_json, reader_gone, usage_failure, wants_json)
+from opencortex.error_place import unexpected
 from opencortex.homeaccess import HomeNotWritable, require_writable_home, sole_writer
 from opencortex.homelock import HomeInUse
 from opencortex.homepath import home_of
@@ -401,9 +401,7 @@ def _run(args: argparse.Namespace, as_json: bool) -> int:
         from opencortex.memory import ArchiveError
         if isinstance(error, ArchiveError):                   # says what to do itself
             return _fail(str(error), as_json=as_json)
-        last = traceback.extract_tb(error.__traceback__)[-1]
-        logging.getLogger(__name__).info("unexpected %s at %s:%s", type(error).__name__,
-                                         last.filename, last.lineno)
+        logging.getLogger(__name__).info("%s", unexpected(error))
         return _fail(f"unexpected {type(error).__name__}; please report it (run with -v "
                      "for details)", as_json=as_json)
 

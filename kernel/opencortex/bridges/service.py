@@ -30,9 +30,7 @@ import asyncio
 import dataclasses
 import logging
 import random
-import traceback
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 from opencortex.actuation import PLATFORM_ID
@@ -46,6 +44,7 @@ from opencortex.bridges.outbound import Pacer, RetryAfter, split_text, with_retr
 from opencortex.bridges.render import plain, to_html
 from opencortex.bridges.settings import BridgeSettings
 from opencortex.conversation.commands import OWNERS_ONLY, USAGE
+from opencortex.error_place import unexpected
 from opencortex.events import EventError, Thread, chat_message, platform_time
 from opencortex.kernel import Kernel
 
@@ -193,9 +192,7 @@ class Bridge:
         if isinstance(error, BridgeError):
             said = str(error)
         else:
-            last = traceback.extract_tb(error.__traceback__)[-1]
-            said = f"unexpected {type(error).__name__} at {Path(last.filename).name}:" \
-                f"{last.lineno}"
+            said = unexpected(error)
         self.status.update(state="retrying", last_error=said)
         self.status["errors"] += 1
         log.warning("%s bridge: %s; retrying", self.channel, said)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, AsyncIterator
 
+from opencortex.llm import reported
 from opencortex.llm.base import PromptRequest, Usage, estimate_tokens
 from opencortex.llm.failures import Failure, connection_failure, status_failure
 from opencortex.llm.provider import ProviderBackend, StreamCut, connection_reached
@@ -64,14 +65,14 @@ class AnthropicBackend(ProviderBackend):
                       choice: ModelChoice) -> AsyncIterator[str | Usage]:
         async with client.messages.stream(**self.request_params(request, choice)) as stream:
             async for text in stream.text_stream:
-                yield text
+                yield reported.text(text, "a text delta")
             try:
                 message = await stream.get_final_message()
             except AssertionError:  # the stream ended before message_start
                 message = None
         if message is None or message.stop_reason is None:
             raise StreamCut("no message_stop")
-        yield _usage(message, request)
+        yield _usage(message, request, choice.model)
 
     def _classify(self, error: Exception, model: str) -> Failure | None:
         import anthropic
@@ -87,16 +88,22 @@ class AnthropicBackend(ProviderBackend):
         return None
 
 
-def _usage(message: Any, request: PromptRequest) -> Usage:
+def _usage(message: Any, request: PromptRequest, model: str) -> Usage:
+    """What MESSAGE (the SDK's whole reply) cost: its counts when they are whole numbers
+    a reply could use, else estimated; MODEL when it names none."""
+    stop = reported.reason(message.stop_reason, "stop_reason") or "end_turn"
+    model = reported.name(message.model) or model
     counted = message.usage
-    if counted is None:
-        text = "".join(getattr(block, "text", "") for block in message.content)
+    read = reported.tokens(getattr(counted, "cache_read_input_tokens", 0) or 0)
+    written = reported.tokens(getattr(counted, "cache_creation_input_tokens", 0) or 0)
+    uncached = reported.tokens(getattr(counted, "input_tokens", None))
+    output = reported.tokens(getattr(counted, "output_tokens", None))
+    if None in (read, written, uncached, output):
+        text = "".join(block.text for block in message.content
+                       if isinstance(getattr(block, "text", None), str))
         prompt = request.system + "".join(m.content for m in request.messages)
         return Usage(input_tokens=estimate_tokens(prompt), output_tokens=estimate_tokens(text),
-                     stop_reason=message.stop_reason, model=message.model, estimated=True)
-    read = counted.cache_read_input_tokens or 0
-    written = counted.cache_creation_input_tokens or 0
-    return Usage(input_tokens=(counted.input_tokens or 0) + read + written,
-                 output_tokens=counted.output_tokens or 0, cache_read_tokens=read,
-                 cache_write_tokens=written, stop_reason=message.stop_reason,
-                 model=message.model or "")
+                     stop_reason=stop, model=model, estimated=True)
+    return Usage(input_tokens=uncached + read + written, output_tokens=output,
+                 cache_read_tokens=read, cache_write_tokens=written, stop_reason=stop,
+                 model=model)

@@ -18,15 +18,41 @@ import os
 from typing import Any, AsyncIterator
 from urllib.parse import urlsplit
 
+from opencortex.llm import reported
 from opencortex.llm.base import PromptRequest, Usage, estimate_tokens
 from opencortex.llm.failures import Failure, connection_failure, status_failure
 from opencortex.llm.provider import ProviderBackend, StreamCut, connection_reached
+from opencortex.llm.reported import Malformed
 from opencortex.llm.routing import ModelChoice
 from opencortex.llm.settings import OFFICIAL_OPENAI_URL, LLMSettings
 
 NO_KEY = "no-key"  # the SDK insists on a key; servers without auth ignore it
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "content_filter": "refusal",
                 "tool_calls": "tool_use", "function_call": "tool_use"}
+
+
+def _parts(chunk: Any) -> tuple[Any, str, str | None]:
+    """CHUNK's usage (None when it has none), its text ("" for none) and its finish
+    reason; Malformed when the server wrote any of them as other JSON than the API's
+    (the SDK builds a chunk unchecked)."""
+    from openai.types.chat.chat_completion_chunk import ChatCompletionChunk, Choice, ChoiceDelta
+    from openai.types.completion_usage import CompletionUsage
+    if not isinstance(chunk, ChatCompletionChunk):
+        raise Malformed("a chunk is not a JSON object")
+    usage, choices = chunk.usage, chunk.choices
+    if usage is not None and not isinstance(usage, CompletionUsage):
+        raise Malformed("a chunk's usage is not a JSON object")
+    if not choices:
+        return usage, "", None
+    first = choices[0] if isinstance(choices, list) else None
+    if not isinstance(first, Choice):
+        raise Malformed("a chunk's choices are not a list of objects")
+    delta = first.delta
+    if delta is not None and not isinstance(delta, ChoiceDelta):
+        raise Malformed("a chunk's delta is not a JSON object")
+    content = delta.content if delta is not None else None
+    return (usage, reported.text(content, "a chunk's delta.content"),
+            reported.reason(first.finish_reason, "finish_reason"))
 
 
 def needs_key(base_url: str) -> bool:
@@ -79,32 +105,31 @@ class OpenAICompatibleBackend(ProviderBackend):
         length = 0
         try:
             async for chunk in stream:
-                if chunk.usage is not None:
-                    counted = chunk.usage
-                if chunk.choices:
-                    first = chunk.choices[0]
-                    text = first.delta.content if first.delta is not None else None
-                    if text:
-                        length += len(text)
-                        yield text
-                    if first.finish_reason:
-                        finish = first.finish_reason
-                model = chunk.model or model
+                usage, text, finished = _parts(chunk)
+                if usage is not None:
+                    counted = usage
+                if text:
+                    length += len(text)
+                    yield text
+                finish = finished or finish
+                model = reported.name(chunk.model) or model
         finally:
             await stream.close()
         if finish is None:
             raise StreamCut("no finish_reason")
         stop = STOP_REASONS.get(finish, finish)
-        if counted is None:
+        details = getattr(counted, "prompt_tokens_details", None)
+        prompt_tokens = reported.tokens(getattr(counted, "prompt_tokens", None))
+        completion_tokens = reported.tokens(getattr(counted, "completion_tokens", None))
+        if prompt_tokens is None or completion_tokens is None:
             prompt = request.system + "".join(m.content for m in request.messages)
             yield Usage(input_tokens=estimate_tokens(prompt),
                         output_tokens=max(1, (length + 3) // 4) if length else 0,
                         stop_reason=stop, model=model, estimated=True)
             return
-        details = getattr(counted, "prompt_tokens_details", None)
-        yield Usage(input_tokens=counted.prompt_tokens or 0,
-                    output_tokens=counted.completion_tokens or 0,
-                    cache_read_tokens=(getattr(details, "cached_tokens", 0) or 0),
+        yield Usage(input_tokens=prompt_tokens, output_tokens=completion_tokens,
+                    cache_read_tokens=min(prompt_tokens, reported.tokens(
+                        getattr(details, "cached_tokens", 0)) or 0),
                     stop_reason=stop, model=model)
 
     def _classify(self, error: Exception, model: str) -> Failure | None:

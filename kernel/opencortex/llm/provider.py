@@ -26,8 +26,10 @@ import time
 from typing import Any, AsyncIterator
 
 from opencortex.llm.base import Backend, LLMError, PromptRequest, Usage
+from opencortex.error_place import unexpected
 from opencortex.llm.cost import estimate_cost
 from opencortex.llm.failures import Failure, Provider, cut_midway, missing_key
+from opencortex.llm.reported import Malformed
 from opencortex.llm.routing import ModelChoice, choose_model, routing_of
 from opencortex.llm.settings import LLMSettings
 from opencortex.llm.watchdog import StallWatch
@@ -198,9 +200,7 @@ class ProviderBackend(Backend):
         except Exception as error:
             if watch.caused(error):
                 raise _Failed(self._timeout_failure(chunks), chunks) from None
-            failure = self._classify(error, choice.model)
-            if failure is None:
-                raise
+            failure = self._classify(error, choice.model) or self._unreadable(error)
             raise _Failed(failure, chunks) from error
         finally:
             watch.close()
@@ -211,6 +211,15 @@ class ProviderBackend(Backend):
         usage.first_chunk_s = first_chunk_s
         usage.cost_usd = estimate_cost(usage, settings.prices)
         yield usage
+
+    def _unreadable(self, error: Exception) -> Failure:
+        """ERROR, met reading the stream, as the provider's reply being unreadable: said
+        by what broke the protocol or where reading failed, never by quoting what came
+        (retried like a server error: a proxy's or a server's glitch may pass)."""
+        why = str(error) if isinstance(error, Malformed) else unexpected(error)
+        log.warning("%s: unreadable stream (%s)", self.name, why)
+        return Failure("LLM_UNAVAILABLE", f"{self.name} sent a reply that cannot be read "
+                       f"({why})", retryable=True)
 
     def _timeout_failure(self, chunks: int) -> Failure:
         settings = self.settings

@@ -1,0 +1,239 @@
+"""A provider that breaks its protocol, through the real SDKs: the turn fails with a clear
+error and never with another exception; a count no reply could have is estimated.
+
+The SDKs build a stream's objects without checking them, so a field a server (a
+local model server, a proxy, a gateway) writes as other JSON than the API's
+reached the kernel as that type: a number where text belongs raised a TypeError
+out of the turn, a dict was taken for the usage, a negative count credited the
+budget.  The fake serves each stream here as raw SSE events.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+
+import pytest
+from hypothesis import given, settings as hypothesis_settings, strategies as st
+
+from opencortex.llm import LLMError, Usage
+from opencortex.llm.anthropic_api import AnthropicBackend
+from opencortex.llm.openai_compatible import OpenAICompatibleBackend
+from opencortex.llm.reported import MAX_NAME, MAX_REPORTED_TOKENS
+
+from llm_fakes import Reply
+from test_llm_providers import (FAST, KINDS, PRIVATE, SECRET, collect, fake, fresh_queue,  # noqa: F401
+                                loop, make, request)
+
+TEXT = "Hello there"
+
+
+def openai_events(text: str = TEXT) -> list[tuple[str | None, object]]:
+    """A whole chat-completions stream, as the API documents it."""
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+            "model": "gpt-4o-mini"}
+    return [
+        (None, {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
+                                     "finish_reason": None}]}),
+        (None, {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        (None, {**base, "choices": [], "usage": {
+            "prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
+            "prompt_tokens_details": {"cached_tokens": 0}}}),
+    ]
+
+
+def anthropic_events(text: str = TEXT) -> list[tuple[str | None, object]]:
+    """A whole Messages stream, as the API documents it."""
+    return [
+        ("message_start", {"type": "message_start", "message": {
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-opus-4-7",
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 11, "output_tokens": 1}}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "text_delta", "text": text}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta",
+                           "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                           "usage": {"output_tokens": 7}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+
+
+EVENTS = {"openai": openai_events, "anthropic": anthropic_events}
+
+# Where a field can be replaced: (event number, keys into its data; () is the data itself).
+PLACES = {
+    "openai": [(0, ()), (0, ("choices",)), (0, ("choices", 0)), (0, ("choices", 0, "delta")),
+               (0, ("choices", 0, "delta", "content")), (1, ("choices", 0, "finish_reason")),
+               (0, ("model",)), (2, ("usage",)), (2, ("usage", "prompt_tokens")),
+               (2, ("usage", "completion_tokens")), (2, ("usage", "prompt_tokens_details")),
+               (2, ("usage", "prompt_tokens_details", "cached_tokens"))],
+    "anthropic": [(0, ()), (0, ("message",)), (0, ("message", "model")),
+                  (0, ("message", "usage")), (0, ("message", "usage", "input_tokens")),
+                  (1, ("content_block",)), (2, ("index",)), (2, ("delta",)),
+                  (2, ("delta", "text")), (4, ("delta", "stop_reason")), (4, ("usage",)),
+                  (4, ("usage", "output_tokens"))],
+}
+
+
+def stream(kind: str, place: tuple[int, tuple] | None = None, value: object = None,
+           text: str = TEXT) -> Reply:
+    """KIND's whole stream of TEXT, with the field at PLACE written as VALUE."""
+    events = copy.deepcopy(EVENTS[kind](text))
+    if place is not None:
+        number, keys = place
+        if not keys:
+            events[number] = (events[number][0], value)
+        else:
+            data = events[number][1]
+            for key in keys[:-1]:
+                data = data[key]
+            data[keys[-1]] = value
+    raw = [(event, json.dumps(data)) for event, data in events]
+    return Reply(raw=raw + ([(None, "[DONE]")] if kind == "openai" else []))
+
+
+def usage_of(items: list) -> Usage:
+    assert [item for item in items if isinstance(item, Usage)] == [items[-1]]
+    return items[-1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_documented_stream_reads_as_its_text_and_counts(kind, make, fake, loop):
+    fake.push(stream(kind))
+    items = collect(loop, make(kind))
+    assert "".join(items[:-1]) == TEXT
+    usage = usage_of(items)
+    assert (usage.input_tokens, usage.output_tokens, usage.estimated) == (11, 7, False)
+
+
+@pytest.mark.parametrize("kind, place, value, says", [   # before any text
+    ("openai", (0, ("choices", 0, "delta", "content")), 5, "delta.content is not text"),
+    ("openai", (0, ("choices", 0, "delta", "content")), {"x": PRIVATE},
+     "delta.content is not text"),
+    ("openai", (0, ("choices",)), PRIVATE, "choices are not a list of objects"),
+    ("openai", (0, ("choices", 0)), 5, "choices are not a list of objects"),
+    ("openai", (0, ("choices", 0, "delta")), PRIVATE, "delta is not a JSON object"),
+    ("openai", (0, ("choices", 0, "finish_reason")), [PRIVATE], "finish_reason is not a name"),
+    ("openai", (0, ("usage",)), PRIVATE, "usage is not a JSON object"),
+    ("openai", (0, ()), PRIVATE, "a chunk is not a JSON object"),
+    ("openai", (0, ()), None, "a chunk is not a JSON object"),
+    ("anthropic", (2, ("delta", "text")), 5, "unexpected TypeError"),
+    ("anthropic", (2, ("delta", "text")), {"x": PRIVATE}, "unexpected TypeError"),
+    ("anthropic", (2, ("delta",)), PRIVATE, "unexpected AttributeError"),
+    ("anthropic", (0, ("message",)), PRIVATE, "unexpected AttributeError"),
+])
+def test_a_reply_that_breaks_the_protocol_fails_clearly_and_is_retried(
+        kind, place, value, says, make, fake, loop, caplog):
+    caplog.set_level(logging.DEBUG)
+    fake.push(*[stream(kind, place, value)] * 3)
+    with pytest.raises(LLMError) as caught:
+        collect(loop, make(kind))
+    error = caught.value
+    assert error.code == "LLM_UNAVAILABLE"
+    assert f"{kind} sent a reply that cannot be read" in error.message and says in error.message
+    assert PRIVATE not in error.message and PRIVATE not in caplog.text
+    assert len(fake.requests) == FAST.retries + 1   # like a server error, before any text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_text_then_a_chunk_that_cannot_be_read_is_a_cut_reply_not_retried(kind, make, fake,
+                                                                          loop):
+    events = EVENTS[kind]()
+    odd = ({"choices": [{"index": 0, "delta": {"content": 5}, "finish_reason": None}]}
+           if kind == "openai" else
+           {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta",
+                                                                 "text": 5}})
+    at = 1 if kind == "openai" else 3
+    events.insert(at, (events[at - 1][0], odd))
+    fake.push(Reply(raw=[(event, json.dumps(data)) for event, data in events]))
+    seen: list = []
+
+    async def run():
+        async for item in make(kind).stream(request()):
+            seen.append(item)
+    with pytest.raises(LLMError) as caught:
+        loop.run_until_complete(run())
+    assert seen == [TEXT] and len(fake.requests) == 1
+    assert "cut off after 1 chunk" in caught.value.message
+    assert "cannot be read" in caught.value.message
+
+
+@pytest.mark.parametrize("kind, place, value, says", [
+    ("openai", (1, ("choices", 0, "finish_reason")), {"x": PRIVATE},
+     "finish_reason is not a name"),
+    ("anthropic", (4, ("delta", "stop_reason")), 5, "stop_reason is not a name"),
+])
+def test_a_reason_to_stop_that_is_not_one_leaves_the_reply_unfinished(kind, place, value, says,
+                                                                      make, fake, loop):
+    fake.push(stream(kind, place, value))
+    with pytest.raises(LLMError) as caught:
+        collect(loop, make(kind))
+    assert "cut off after 1 chunk" in caught.value.message and says in caught.value.message
+    assert PRIVATE not in caught.value.message and len(fake.requests) == 1
+
+
+COUNTS = [-5, 10**30, MAX_REPORTED_TOKENS + 1, "twelve", 1.5, None, [3], {"n": 3}]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("count", COUNTS, ids=repr)
+def test_a_count_no_reply_could_have_is_estimated_not_charged(kind, count, make, fake, loop):
+    place = ((2, ("usage", "completion_tokens")) if kind == "openai"
+             else (4, ("usage", "output_tokens")))
+    fake.push(stream(kind, place, count))
+    items = collect(loop, make(kind))
+    assert "".join(items[:-1]) == TEXT
+    usage = usage_of(items)
+    assert usage.estimated and usage.output_tokens == 3    # "Hello there": 11 characters
+    assert 0 < usage.input_tokens < 100 and usage.cost_usd is not None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("model", [5, {"name": PRIVATE}, "", "m" * (MAX_NAME + 1)], ids=repr)
+def test_a_model_name_that_is_not_one_is_the_model_asked_for(kind, model, make, fake, loop):
+    place = (0, ("model",)) if kind == "openai" else (0, ("message", "model"))
+    fake.push(stream(kind, place, model))
+    usage = usage_of(collect(loop, make(kind)))
+    assert usage.model == fake.requests[0].body["model"] and not usage.estimated
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
+    | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                max_size=3),
+    max_leaves=6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@hypothesis_settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_json_in_any_field_is_a_reply_or_a_clear_failure(kind, data, fake, loop):
+    place = data.draw(st.sampled_from(PLACES[kind]))
+    value = data.draw(JSON)
+    fake.queue.clear()
+    fake.push(*[stream(kind, place, value)] * (FAST.retries + 1))
+    backend = (AnthropicBackend(FAST, api_key=SECRET, base_url=fake.url) if kind == "anthropic"
+               else OpenAICompatibleBackend(FAST, api_key=SECRET, base_url=fake.openai_url))
+
+    async def no_wait(seconds: float) -> None:
+        pass
+    backend.sleep = no_wait
+    try:
+        items = collect(loop, backend)
+    except LLMError as error:   # unreadable, or ended early: either is the stream's fault
+        assert error.code == "LLM_UNAVAILABLE"
+        return
+    finally:
+        loop.run_until_complete(backend.aclose())
+    usage = usage_of(items)
+    assert all(isinstance(item, str) for item in items[:-1])
+    for count in (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
+                  usage.cache_write_tokens):
+        assert count.__class__ is int and 0 <= count <= 3 * MAX_REPORTED_TOKENS
+    assert isinstance(usage.model, str) and 0 < len(usage.model) <= MAX_NAME
+    assert isinstance(usage.stop_reason, str)
