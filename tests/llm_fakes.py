@@ -39,6 +39,7 @@ class Reply:
     status: int = 200  # not 200: a JSON error body instead of a stream
     error_type: str = ""  # error.type of the error body or event
     error_code: str | None = None  # error.details.error_code (Anthropic) / error.code (OpenAI)
+    error_message: str = "fake provider error"  # error.message of the error body
     headers: dict[str, str] = field(default_factory=dict)
     error_after: int | None = None  # an SSE error event after this many chunks
     break_after: int | None = None  # drop the connection after this many chunks
@@ -166,7 +167,7 @@ class FakeProvider:
             reply = Reply(status=500, error_type="api_error")
         if reply.status != 200:
             error: dict[str, Any] = {"type": reply.error_type or "api_error",
-                                     "message": "fake provider error"}
+                                     "message": reply.error_message}
             if reply.error_code:
                 error["details"] = {"error_code": reply.error_code}
             return web.json_response({"type": "error", "error": error}, status=reply.status,
@@ -251,7 +252,7 @@ class FakeProvider:
             reply = Reply(status=500, error_type="server_error")
         if reply.status != 200:
             return web.json_response(
-                {"error": {"message": "fake provider error", "type": reply.error_type or None,
+                {"error": {"message": reply.error_message, "type": reply.error_type or None,
                            "code": reply.error_code}},
                 status=reply.status, headers=reply.headers)
         if reply.raw is not None:

@@ -20,6 +20,7 @@ from hypothesis import given, settings as hypothesis_settings, strategies as st
 from opencortex.llm import LLMError, Usage
 from opencortex.llm.anthropic_api import AnthropicBackend
 from opencortex.llm.openai_compatible import OpenAICompatibleBackend
+from opencortex.llm.failures import MAX_RETRY_AFTER
 from opencortex.llm.reported import MAX_NAME, MAX_REPORTED_TOKENS
 
 from llm_fakes import Reply
@@ -199,6 +200,46 @@ def test_a_model_name_that_is_not_one_is_the_model_asked_for(kind, model, make, 
     fake.push(stream(kind, place, model))
     usage = usage_of(collect(loop, make(kind)))
     assert usage.model == fake.requests[0].body["model"] and not usage.estimated
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("asked", ["soon", "inf", "1e400", "Mon, 99 Foo 2020 99:99:99 GMT"])
+def test_a_wait_that_is_no_time_is_backed_off_as_if_none_was_asked(kind, asked, make, fake,
+                                                                   loop):
+    """Before, a word or a malformed date raised ValueError out of the turn, and an
+    infinite wait OverflowError."""
+    backend = make(kind)
+    fake.push(*[Reply(status=429, error_type="rate_limit_error",
+                      headers={"retry-after": asked})] * 3)
+    with pytest.raises(LLMError) as caught:
+        collect(loop, backend)
+    error = caught.value
+    assert error.code == "RATE_LIMITED" and "gave up after 3 attempts: try again in" in \
+        error.message
+    assert len(backend.waits) == 2 and all(0 < wait < 1 for wait in backend.waits)
+    assert 0 < error.retry_after_seconds < 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_wait_of_centuries_is_reported_as_a_week_and_not_waited(kind, make, fake, loop):
+    fake.push(Reply(status=429, error_type="rate_limit_error",
+                    headers={"retry-after": "Fri, 31 Dec 9999 23:59:59 GMT"}))
+    with pytest.raises(LLMError) as caught:
+        collect(loop, make(kind))
+    assert caught.value.retry_after_seconds == MAX_RETRY_AFTER and len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_providers_own_words_are_quoted_as_one_short_visible_line(kind, make, fake, loop):
+    words = "\x1b]0;owned\x07bad request\n* A heading\r" + "x" * 100_000
+    fake.push(Reply(status=400, error_type="invalid_request_error" + "\n\x1b[2J" * 1000,
+                    error_message=words))
+    with pytest.raises(LLMError) as caught:
+        collect(loop, make(kind))
+    message = caught.value.message
+    assert caught.value.code == "INVALID_MESSAGE" and "bad request" in message
+    assert len(message) < 500 and "\x1b" not in message and "\n" not in message
+    assert "\r" not in message and "\x07" not in message
 
 
 JSON = st.recursive(

@@ -22,14 +22,19 @@ Messages name the environment variable to set, never a key.
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from opencortex.llm.base import ErrorCode, LLMError
+from opencortex.untrusted import model_note
 
 SERVER_DOWN_STATUS = frozenset({500, 502, 503, 504})
 SPEND_LIMIT_CODES = frozenset({"enforced_spend_limit_reached", "insufficient_quota"})
+MAX_RETRY_AFTER = 7 * 24 * 3600.0  # seconds; a longer wait asked for is reported as this
+KIND_LIMIT = 60                    # characters of the provider's error type quoted back
+SAID_LIMIT = 200                   # characters of the provider's error message quoted back
 
 
 class ProviderUnreachable(LLMError):
@@ -65,23 +70,33 @@ class Provider:
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
-    """The wait a response asks for: `retry-after-ms`, `retry-after` seconds or HTTP date."""
+    """The wait a response asks for: `retry-after-ms`, `retry-after` seconds or HTTP date;
+    None when it asks for none or for one that is not a time (a word, an infinite number,
+    a date that is no date), at most MAX_RETRY_AFTER."""
     if not headers:
         return None
     millis = headers.get("retry-after-ms")
     if millis:
         try:
-            return max(0.0, float(millis) / 1000)
+            return _wait(float(millis) / 1000)
         except ValueError:
             pass
     value = headers.get("retry-after")
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        return _wait(float(value))
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+        pass
+    try:
+        return _wait(email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def _wait(seconds: float) -> float | None:
+    """SECONDS as a wait: none below zero, at most MAX_RETRY_AFTER; None if not finite."""
+    return min(max(0.0, seconds), MAX_RETRY_AFTER) if math.isfinite(seconds) else None
 
 
 def _error_field(body: Any, *path: str) -> str | None:
@@ -98,8 +113,10 @@ def status_failure(provider: Provider, model: str, status: int, body: Any,
     kind = _error_field(body, "error", "type") or _error_field(body, "type") or ""
     code = (_error_field(body, "error", "details", "error_code")
             or _error_field(body, "error", "code") or _error_field(body, "code") or "")
-    said = _error_field(body, "error", "message") or _error_field(body, "message") or ""
-    what = f"{status} {kind}".strip() if status != 200 else (kind or "error event")
+    said = model_note(_error_field(body, "error", "message") or _error_field(body, "message"),
+                      SAID_LIMIT)
+    shown = model_note(kind, KIND_LIMIT)   # the provider's words: one short visible line
+    what = f"{status} {shown}".strip() if status != 200 else (shown or "error event")
     name, variable = provider.name, provider.key_variable
     if status in (429, 529) or kind in ("rate_limit_error", "overloaded_error"):
         wait = retry_after_seconds(headers)
