@@ -599,6 +599,38 @@ def test_backend_summarizer_asks_the_model_and_falls_back_offline():
     assert run(backend_summarizer(FakeBackend(["x" * 1000]))(entries, 10)).endswith("…")
 
 
+class EndlessBackend(Backend):
+    """Streams text for ever (a server that ignores max_tokens), each chunk after PAUSE s."""
+    name = "endless"
+
+    def __init__(self, pause: float = 0.0):
+        self.pause, self.sent, self.closed = pause, 0, False
+
+    async def stream(self, request):
+        try:
+            while True:
+                await asyncio.sleep(self.pause)
+                self.sent += 1
+                yield "word " * 20
+        finally:
+            self.closed = True
+
+
+def test_a_summary_stops_reading_a_reply_that_never_ends():
+    """Before, the summary (and the turn compressing) waited for ever and held every chunk."""
+    endless = EndlessBackend()
+    text = run(asyncio.wait_for(backend_summarizer(endless)(dialogue(2), 50), 30))
+    assert text.startswith("word word") and count_tokens(text) <= 50
+    assert endless.closed and endless.sent * 100 <= 50 * 8 + 100
+
+
+def test_a_summary_that_takes_too_long_is_made_offline():
+    entries = dialogue(2)
+    slow = EndlessBackend(pause=0.05)
+    text = run(asyncio.wait_for(backend_summarizer(slow, timeout=0.2)(entries, 2000), 30))
+    assert text == extract_summary(entries, 2000) and slow.closed
+
+
 # ---------------------------------------------------------------- settings
 
 def test_settings_defaults_and_validation():

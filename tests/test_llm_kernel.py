@@ -138,6 +138,17 @@ def test_a_reply_that_cannot_be_read_fails_the_turn_keeps_nothing_and_the_next_w
     assert [record.text for record in records][-1] == "Hello from the model"
 
 
+def test_a_reply_past_max_reply_bytes_is_not_read_on_and_the_turn_fails(anthropic_home, fake):
+    """A server that ignores max_tokens: before, 98 MB streamed for 65 s into the person's
+    buffer and 390 MB of the kernel's memory before the reader refused it."""
+    fake.push(Reply(chunks=["x" * 65536] * 400, burst=True))   # 26 MB
+    result, printed, streamed, records = turn(anthropic_home)
+    assert result.status == "failed" and records == []
+    assert "reply grew past max_reply_bytes (1048576 bytes)" in result.errors[0]
+    assert sum(map(len, streamed)) <= 1 << 20
+    assert result.usage is not None and result.usage.estimated   # charged as a cut reply
+
+
 def test_rate_limited_turn_tells_the_wait(anthropic_home, fake):
     fake.push(*[Reply(status=429, error_type="rate_limit_error",
                       headers={"retry-after": "0.01"})] * 3)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import aclosing
 from dataclasses import replace
 from functools import partial
 from typing import Callable
@@ -118,16 +119,21 @@ class Replies:
         """One reply to REQUEST, streamed to OBSERVER; its cost charged to the budgets."""
         chunks: list[str] = []
         paid = False
+        size, limit = 0, self.config.max_reply_bytes
         try:
             with self.telemetry.span("llm.stream", backend=self.backend.name) as span:
-                async with asyncio.timeout(self.config.llm_timeout):
-                    async for item in self.backend.stream(request):
+                async with asyncio.timeout(self.config.llm_timeout), \
+                        aclosing(self.backend.stream(request)) as stream:
+                    async for item in stream:
                         if isinstance(item, Usage):
                             paid = True
                             result.usage = added(result.usage, item)
                             self.budgets.record(result.thread, item)
                             span.set(model=item.model, first_chunk_s=item.first_chunk_s)
                             continue
+                        size += len(item)
+                        if size > limit:    # more characters than bytes allowed: too long
+                            raise TurnFailed(too_long(self.backend.name, limit))
                         chunks.append(item)
                         observer.on_chunk(item)
             observer.on_reply_done()
@@ -152,3 +158,10 @@ class Replies:
 
     def close(self) -> None:
         self._judges.shutdown(cancel_futures=True)
+
+
+def too_long(backend: str, limit: int) -> str:
+    """Why a turn stopped reading a reply that grew past LIMIT (max_reply_bytes): the
+    reader would refuse it, and reading on costs time and memory without bound."""
+    return (f"the {backend} backend's reply grew past max_reply_bytes ({limit} bytes) "
+            "before it ended; nothing of it was kept: send the message again")

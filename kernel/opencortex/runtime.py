@@ -63,7 +63,8 @@ def build_kernel(config: Config, *, backend: Backend | None = None,
     backend = backend or make_backend(config)
     archive = Archive(config.memory_dir, background=True,   # a long-lived kernel
                       tokenizer=config.memory.tokenizer)
-    summarizer = backend_summarizer(backend) if backend.name not in ("echo", "script") else None
+    summarizer = (backend_summarizer(backend, timeout=config.llm_timeout)
+                  if backend.name not in ("echo", "script") else None)
     unarchived = [name for name, bridge in config.bridges.enabled().items() if not bridge.archive]
     conversations = Conversations(archive, config.conversation, summarizer=summarizer,
                                   unarchived=unarchived)

@@ -14,6 +14,7 @@ import asyncio
 import math
 import re
 from collections import Counter
+from contextlib import aclosing
 from typing import Awaitable, Callable, Sequence
 
 from opencortex.conversation.entries import Entry, count_tokens
@@ -158,17 +159,21 @@ def on_loop(summarizer: Summarizer, loop: asyncio.AbstractEventLoop) -> Summariz
     return summarize
 
 
+SUMMARY_CHARS_PER_TOKEN = 8   # a summary's reply is read to this many characters a token
+
 SUMMARY_INSTRUCTIONS = (
     "Summarise the conversation excerpt below for your own later reference. Keep every "
     "fact, number, name, decision, constraint and piece of code that may matter later; "
     "drop greetings and small talk. Answer with the summary only, in at most {words} words.")
 
 
-def backend_summarizer(backend, *, fallback: Summarizer = extractive_summarizer) -> Summarizer:
+def backend_summarizer(backend, *, fallback: Summarizer = extractive_summarizer,
+                       timeout: float = 120.0) -> Summarizer:
     """A `Summarizer` that asks BACKEND (an `opencortex.llm.base.Backend`) for the summary.
 
-    Falls back to FALLBACK (extractive by default) when the backend fails or
-    answers with nothing; the reply is cut to the allowance either way.
+    Falls back to FALLBACK (extractive by default) when the backend fails, answers
+    with nothing or takes over TIMEOUT seconds; the reply is cut to the allowance
+    either way, and read no further than a reply cut to it could need.
     """
     from opencortex.llm.base import LLMError, PromptMessage, PromptRequest, Usage  # noqa: PLC0415
 
@@ -178,13 +183,18 @@ def backend_summarizer(backend, *, fallback: Summarizer = extractive_summarizer)
             system=SUMMARY_INSTRUCTIONS.format(words=max(10, max_tokens * 3 // 4)),
             messages=[PromptMessage(role="user", content=transcript or "(empty)")])
         chunks: list[str] = []
+        size, enough = 0, max_tokens * SUMMARY_CHARS_PER_TOKEN
         try:
-            async for item in backend.stream(request):
-                if isinstance(item, str):
-                    chunks.append(item)
-                elif isinstance(item, Usage) and item.fallback_reason:
-                    return await fallback(entries, max_tokens)  # echo stood in: no summary
-        except LLMError:
+            async with asyncio.timeout(timeout), aclosing(backend.stream(request)) as stream:
+                async for item in stream:
+                    if isinstance(item, str):
+                        chunks.append(item)
+                        size += len(item)
+                        if size > enough:      # fit_tokens cuts the rest away
+                            break
+                    elif isinstance(item, Usage) and item.fallback_reason:
+                        return await fallback(entries, max_tokens)  # echo stood in
+        except (LLMError, TimeoutError):
             return await fallback(entries, max_tokens)
         text = "".join(chunks).strip()
         return fit_tokens(text, max_tokens) if text else await fallback(entries, max_tokens)
