@@ -233,6 +233,7 @@ def test_the_receiver_answers_only_when_kept_and_bounds_what_it_holds():
             assert await post(port, {"update_id": 1}, content_type="text/plain") == 415
             assert await post(port, b'{"update_id": 1, "x": "' + b"a" * 2048 + b'"}') == 413
             assert await post(port, b"{not json") == 400
+            assert await post(port, b"[" * 1000) == 400    # too deep for json: not a 500
             assert await post(port, {"no_update_id": 1}) == 400
 
             waiting = asyncio.create_task(post(port, {"update_id": 1}))

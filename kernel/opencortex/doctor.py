@@ -131,7 +131,7 @@ def _model_count(body: bytes) -> str:
     """How many models a /models answer lists, in words."""
     try:
         models = json.loads(body).get("data")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return "not a model list"
     return f"{len(models)} models" if isinstance(models, list) else "not a model list"
 

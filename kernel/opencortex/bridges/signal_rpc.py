@@ -172,7 +172,7 @@ class RpcConnection:
         """One line from the daemon: a response to a request, or a notification."""
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             log.warning("signal-cli sent a line that is not JSON; ignored")
             return
         if not isinstance(message, dict):

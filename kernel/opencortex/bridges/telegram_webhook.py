@@ -156,7 +156,7 @@ class WebhookReceiver:
             update = json.loads(await request.read())
         except web.HTTPRequestEntityTooLarge:
             return web.Response(status=413)
-        except ValueError:
+        except (ValueError, RecursionError):   # not JSON, or nested past the parser's depth
             return web.Response(status=400)
         if not isinstance(update, dict) or type(update.get("update_id")) is not int:
             return web.Response(status=400)
