@@ -116,7 +116,7 @@ def test_a_reply_that_cannot_be_read_fails_the_turn_keeps_nothing_and_the_next_w
         anthropic_home, fake):
     """A text delta that is a number, not text: before, a TypeError left the turn."""
     odd = stream("anthropic", (2, ("delta", "text")), 5)
-    fake.push(odd, odd, odd)   # the first attempt and its two retries
+    fake.push(odd)
 
     async def go():
         printed: list[str] = []

@@ -12,6 +12,7 @@
 | key missing, refused (401) or not allowed (403) | LLM_UNAVAILABLE | no      | missing: yes  |
 | model not found (404)                           | LLM_UNAVAILABLE | no      | no            |
 | the stream broke after text arrived             | the cause's     | no      | no            |
+| a stream the API does not allow (`reported`)    | LLM_UNAVAILABLE | no      | no            |
 | 400 / 413 / 422 and other 4xx                   | INVALID_MESSAGE | no      | no            |
 | 401 after this key had worked in this run       | SESSION_EXPIRED | no      | no            |
 

@@ -25,8 +25,8 @@ import sys
 import time
 from typing import Any, AsyncIterator
 
-from opencortex.llm.base import Backend, LLMError, PromptRequest, Usage
 from opencortex.error_place import unexpected
+from opencortex.llm.base import Backend, LLMError, PromptRequest, Usage
 from opencortex.llm.cost import estimate_cost
 from opencortex.llm.failures import Failure, Provider, cut_midway, missing_key
 from opencortex.llm.reported import Malformed
@@ -214,12 +214,13 @@ class ProviderBackend(Backend):
 
     def _unreadable(self, error: Exception) -> Failure:
         """ERROR, met reading the stream, as the provider's reply being unreadable: said
-        by what broke the protocol or where reading failed, never by quoting what came
-        (retried like a server error: a proxy's or a server's glitch may pass)."""
+        by what broke the protocol or where reading failed, never by quoting what came.
+        Not retried: a server that writes a field wrongly does so again, and each
+        attempt is paid for."""
         why = str(error) if isinstance(error, Malformed) else unexpected(error)
         log.warning("%s: unreadable stream (%s)", self.name, why)
         return Failure("LLM_UNAVAILABLE", f"{self.name} sent a reply that cannot be read "
-                       f"({why})", retryable=True)
+                       f"({why})")
 
     def _timeout_failure(self, chunks: int) -> Failure:
         settings = self.settings
