@@ -189,6 +189,31 @@ def test_an_update_the_platform_cannot_read_is_skipped_and_the_next_answered(hom
     assert "quoted the odd one" not in caplog.text
 
 
+@pytest.mark.parametrize("odd", [{"date": "soon"}, {"chat": 5}, {"from": [OWNER]},
+                                 {"entities": "bold"}], ids=repr)
+def test_an_update_python_telegram_bot_cannot_parse_is_skipped_not_the_whole_batch(
+        home, caplog, odd):
+    """Polling took its batch through `Bot.get_updates`, which parses every update at
+    once: one it could not parse failed them all on every poll, so the bridge never
+    answered again, and python-telegram-bot logged the batch, text included."""
+    caplog.set_level(logging.DEBUG)
+
+    async def scenario():
+        async with bridge(home) as (fake, running, _):
+            update = fake.message_update(OWNER, "private words of the odd one")
+            update["message"].update(odd)
+            fake.updates.append(update)
+            fake.send(OWNER, "after it")
+            await until(lambda: texts(fake, OWNER), 30)
+            assert texts(fake, OWNER) == ["[Echo] after it"]
+            assert running.status["errors"] == 0
+            return update["update_id"]
+    skipped = run(scenario())
+    assert f"telegram: skipped an incoming item it could not read (update {skipped}" \
+        in caplog.text
+    assert "private words" not in caplog.text
+
+
 def test_media_edits_and_captions(home):
     async def scenario():
         async with bridge(home) as (fake, _, kernel):

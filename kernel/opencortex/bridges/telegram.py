@@ -179,13 +179,22 @@ class TelegramPlatform(Platform):
     async def fetch(self) -> list[Inbound | Decision]:
         if self.receiver is not None:   # webhook mode: what Telegram POSTed
             return await self.receiver.take(max(1, self.settings.poll_timeout))
-        updates = await self._call("getUpdates", self.bot.get_updates(
-            offset=self._offset, timeout=self.settings.poll_timeout, allowed_updates=UPDATES))
+        # Raw, each update then read alone as the webhook reads it: `Bot.get_updates`
+        # parses the batch at once, so an update it cannot read fails every update with
+        # it, on every poll (the bridge never gets past it), and it logs the batch's raw
+        # data, message text included, at CRITICAL.  `_post` is the call get_updates
+        # makes before parsing (python-telegram-bot 22, which pyproject pins).
+        updates = await self._call("getUpdates", self.bot._post("getUpdates", {
+            "offset": self._offset, "timeout": self.settings.poll_timeout,
+            "allowed_updates": UPDATES}, read_timeout=self.settings.poll_timeout + 10.0))
         items: list[Inbound | Decision] = []
-        for update in updates:   # in order: the last one is confirmed (ids may restart)
-            self._fetched = update.update_id
-            with self._unreadable.skipped(f"update {update.update_id}"):
-                item = self._item(update)
+        for data in updates if isinstance(updates, list) else ():
+            update_id = data.get("update_id") if isinstance(data, dict) else None
+            if type(update_id) is not int:
+                continue         # Telegram numbers every update: nothing to confirm here
+            self._fetched = update_id   # in order: the last is confirmed (ids may restart)
+            with self._unreadable.skipped(f"update {update_id}"):
+                item = self._parse(data)
                 if item is not None:
                     items.append(item)
         return items
@@ -241,7 +250,7 @@ class TelegramPlatform(Platform):
     # -- updates ----------------------------------------------------------------
 
     def _parse(self, data: dict[str, Any]) -> Inbound | Decision | None:
-        """An update as Telegram POSTs it to the webhook, read as polling reads one."""
+        """One update as Telegram sends it (a JSON object, polled or POSTed)."""
         from telegram import Update
         return self._item(Update.de_json(data, self.bot))
 
