@@ -359,3 +359,27 @@ def test_doctor_checks_that_the_configured_server_answers(home):
     assert run.returncode == 1
     assert f"NO  llm server {url}: does not answer" in run.stdout
     assert "fix: start the server, or fix `base_url` under [llm.openai]" in run.stdout
+
+
+def test_what_a_library_logs_reaches_the_terminal_as_one_visible_line(home):
+    """matrix-nio logs a sender's device id and event types it did not expect: chosen by
+    whoever sent them, they could forge a log line or drive the operator's terminal."""
+    code = (
+        "import logging\n"
+        "from opencortex.cli import main\n"
+        "main([])\n"                                      # sets up logging, then usage
+        "logging.getLogger('nio.crypto').warning('Received unsupported Olm event of type %s',"
+        " 'x\\x1b]0;owned\\x07\\x1b[2J\\nWARNING opencortex.approvals: approved rm -rf')\n"
+        "try:\n"
+        "    raise ValueError('a\\x1b[31mred\\nline')\n"
+        "except ValueError:\n"
+        "    logging.getLogger('aiohttp.server').exception('Error handling request')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=cli_env(home), timeout=60)
+    lines = run.stderr.splitlines()
+    [olm] = [line for line in lines if "Olm event" in line]
+    assert olm.startswith("WARNING nio.crypto: Received unsupported Olm event of type x")
+    assert "⏎ WARNING opencortex.approvals: approved" in olm
+    assert not any(line.startswith("WARNING opencortex.approvals") for line in lines)
+    assert "\x1b" not in run.stderr and "\x07" not in run.stderr
+    assert "ValueError: a␛[31mred" in run.stderr             # a traceback keeps its lines

@@ -25,6 +25,7 @@ from opencortex.error_place import unexpected
 from opencortex.homeaccess import HomeNotWritable, require_writable_home, sole_writer
 from opencortex.homelock import HomeInUse
 from opencortex.homepath import home_of
+from opencortex.log_lines import log_to_stderr
 
 if TYPE_CHECKING:
     from opencortex.config import Config
@@ -358,8 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         error.parser = _usage_parser(error.parser, argv)
         return usage_failure(error, as_json=wants_json(argv))
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    log_to_stderr(args.verbose)
     as_json = bool(getattr(args, "json", False))
     if args.command is None:
         if as_json:
