@@ -215,6 +215,8 @@ class FakeProvider:
         await response.prepare(request)
         try:
             for event, data in reply.raw or ():
+                if reply.delay:
+                    await asyncio.sleep(reply.delay)
                 head = f"event: {event}\n" if event else ""
                 await response.write(f"{head}data: {data}\n\n".encode())
         except ConnectionError:   # the client stopped reading what it could not read

@@ -1,5 +1,6 @@
 """A provider that breaks its protocol, through the real SDKs: the turn fails with a clear
-error and never with another exception; a count no reply could have is estimated.
+error and never with another exception; a count no reply could have is estimated.  And
+what servers add outside it: a reasoning model's thinking keeps a stream alive.
 
 The SDKs build a stream's objects without checking them, so a field a server (a
 local model server, a proxy, a gateway) writes as other JSON than the API's
@@ -240,6 +241,33 @@ def test_the_providers_own_words_are_quoted_as_one_short_visible_line(kind, make
     assert caught.value.code == "INVALID_MESSAGE" and "bad request" in message
     assert len(message) < 500 and "\x1b" not in message and "\n" not in message
     assert "\r" not in message and "\x07" not in message
+
+
+def thinking(field: str, count: int) -> list[tuple[str | None, str]]:
+    """COUNT chat-completions chunks of a reasoning model's thinking, in FIELD."""
+    chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+             "model": "qwen3", "choices": [{"index": 0, "delta": {field: "hmm, "},
+                                            "finish_reason": None}]}
+    return [(None, json.dumps(chunk))] * count
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_a_reasoning_models_thinking_keeps_its_stream_alive(field, make, fake, loop):
+    """1.2 s of thinking before any text, against a first_chunk_timeout of 0.5 s: before,
+    a STREAM_TIMEOUT (llama.cpp, vLLM and DeepSeek write `reasoning_content`; Ollama
+    and OpenRouter `reasoning`)."""
+    quick = FAST.model_copy(update={"first_chunk_timeout": 0.5, "stall_timeout": 1.0})
+    fake.push(Reply(raw=thinking(field, 12) + stream("openai").raw, delay=0.1))
+    items = collect(loop, make("openai", quick))
+    assert "".join(items[:-1]) == TEXT and "hmm" not in "".join(items[:-1])
+
+
+def test_thinking_that_pauses_longer_than_stall_timeout_is_a_stall(make, fake, loop):
+    quick = FAST.model_copy(update={"first_chunk_timeout": 5.0, "stall_timeout": 0.5})
+    fake.push(Reply(raw=thinking("reasoning_content", 2) + stream("openai").raw, delay=1.5))
+    with pytest.raises(LLMError) as caught:
+        collect(loop, make("openai", quick))
+    assert caught.value.code == "STREAM_TIMEOUT"
 
 
 JSON = st.recursive(

@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 from opencortex.llm import reported
 from opencortex.llm.base import PromptRequest, Usage, estimate_tokens
 from opencortex.llm.failures import Failure, connection_failure, status_failure
-from opencortex.llm.provider import ProviderBackend, StreamCut, connection_reached
+from opencortex.llm.provider import (THINKING, ProviderBackend, StreamCut, Thinking,
+                                    connection_reached)
 from opencortex.llm.reported import Malformed
 from opencortex.llm.routing import ModelChoice
 from opencortex.llm.settings import OFFICIAL_OPENAI_URL, LLMSettings
@@ -31,10 +32,11 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "content_filter": "r
                 "tool_calls": "tool_use", "function_call": "tool_use"}
 
 
-def _parts(chunk: Any) -> tuple[Any, str, str | None]:
-    """CHUNK's usage (None when it has none), its text ("" for none) and its finish
-    reason; Malformed when the server wrote any of them as other JSON than the API's
-    (the SDK builds a chunk unchecked)."""
+def _parts(chunk: Any) -> tuple[Any, str, str | None, bool]:
+    """CHUNK's usage (None when it has none), its text ("" for none), its finish reason
+    and whether it carries a reasoning model's thinking; Malformed when the server wrote
+    any of the first three as other JSON than the API's (the SDK builds a chunk
+    unchecked)."""
     from openai.types.chat.chat_completion_chunk import ChatCompletionChunk, Choice, ChoiceDelta
     from openai.types.completion_usage import CompletionUsage
     if not isinstance(chunk, ChatCompletionChunk):
@@ -43,7 +45,7 @@ def _parts(chunk: Any) -> tuple[Any, str, str | None]:
     if usage is not None and not isinstance(usage, CompletionUsage):
         raise Malformed("a chunk's usage is not a JSON object")
     if not choices:
-        return usage, "", None
+        return usage, "", None, False
     first = choices[0] if isinstance(choices, list) else None
     if not isinstance(first, Choice):
         raise Malformed("a chunk's choices are not a list of objects")
@@ -52,7 +54,17 @@ def _parts(chunk: Any) -> tuple[Any, str, str | None]:
         raise Malformed("a chunk's delta is not a JSON object")
     content = delta.content if delta is not None else None
     return (usage, reported.text(content, "a chunk's delta.content"),
-            reported.reason(first.finish_reason, "finish_reason"))
+            reported.reason(first.finish_reason, "finish_reason"), _thinks(delta))
+
+
+def _thinks(delta: Any) -> bool:
+    """Whether DELTA carries thinking: `reasoning_content` (llama.cpp, vLLM, DeepSeek) or
+    `reasoning` (Ollama, OpenRouter), fields outside the API that those servers add."""
+    extra = getattr(delta, "model_extra", None)
+    if not extra:
+        return False
+    thought = extra.get("reasoning_content") or extra.get("reasoning")
+    return thought.__class__ is str and bool(thought)
 
 
 def needs_key(base_url: str) -> bool:
@@ -97,7 +109,7 @@ class OpenAICompatibleBackend(ProviderBackend):
         return params
 
     async def _events(self, client: Any, request: PromptRequest,
-                      choice: ModelChoice) -> AsyncIterator[str | Usage]:
+                      choice: ModelChoice) -> AsyncIterator[str | Usage | Thinking]:
         stream = await client.chat.completions.create(**self.request_params(request, choice))
         finish: str | None = None
         counted = None
@@ -105,12 +117,14 @@ class OpenAICompatibleBackend(ProviderBackend):
         length = 0
         try:
             async for chunk in stream:
-                usage, text, finished = _parts(chunk)
+                usage, text, finished, thinks = _parts(chunk)
                 if usage is not None:
                     counted = usage
                 if text:
                     length += len(text)
                     yield text
+                elif thinks:
+                    yield THINKING
                 finish = finished or finish
                 model = reported.name(chunk.model) or model
         finally:

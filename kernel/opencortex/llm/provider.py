@@ -6,7 +6,7 @@ a `Failure`).  This class turns them into the Backend contract:
 
 - the model, output cap and temperature come from the model table (`routing.py`);
 - no text within `first_chunk_timeout`, or a pause over `stall_timeout` once text
-  flows → STREAM_TIMEOUT;
+  (or a reasoning model's thinking, `THINKING`) flows → STREAM_TIMEOUT;
 - a retryable failure (429, 529, 5xx) before the first chunk is retried at most
   `retries` times with exponential backoff, honouring `retry-after`;
 - a failure after the first chunk is never retried (the text is already shown):
@@ -60,6 +60,14 @@ class StreamCut(Exception):
     """The provider ended the stream without saying the reply was complete."""
 
 
+class Thinking:
+    """What `_events` yields for a piece of a reasoning model's thinking: no text of
+    the reply (neither shown nor kept), but a sign that the stream is alive."""
+
+
+THINKING = Thinking()
+
+
 class _Failed(Exception):
     """Internal: one attempt failed after CHUNKS chunks."""
 
@@ -99,8 +107,9 @@ class ProviderBackend(Backend):
 
     @abc.abstractmethod
     def _events(self, client: Any, request: PromptRequest,
-                choice: ModelChoice) -> AsyncIterator[str | Usage]:
-        """Text chunks, then one Usage; raise StreamCut when the stream ends early."""
+                choice: ModelChoice) -> AsyncIterator[str | Usage | Thinking]:
+        """Text chunks (and THINKING while a reasoning model thinks), then one Usage;
+        raise StreamCut when the stream ends early."""
 
     @abc.abstractmethod
     def _classify(self, error: Exception, model: str) -> Failure | None:
@@ -169,6 +178,7 @@ class ProviderBackend(Backend):
         first_chunk_s: float | None = None
         chunks = 0
         usage: Usage | None = None
+        thinking = False
         events = self._events(client, request, choice)
         watch = StallWatch(settings.first_chunk_timeout)
         try:
@@ -186,6 +196,10 @@ class ProviderBackend(Backend):
                             watch.change(settings.stall_timeout)
                         chunks += 1
                         yield item
+                elif item is THINKING:   # the model works: from now on a pause is a stall
+                    if not thinking and not chunks:
+                        thinking = True
+                        watch.change(settings.stall_timeout)
                 else:
                     usage = item
         except asyncio.CancelledError as cancelled:
