@@ -243,6 +243,26 @@ def test_the_providers_own_words_are_quoted_as_one_short_visible_line(kind, make
     assert "\r" not in message and "\x07" not in message
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("label", ["text/html; charset=utf-8", "application/json"])
+def test_an_answer_that_is_no_event_stream_is_named_so(kind, label, make, fake, loop):
+    """A login page, a proxy's answer, a server ignoring `stream`: before, "ended the
+    stream early", which named neither the cause nor what to check."""
+    fake.push(Reply(raw=[], headers={"content-type": label}))
+    with pytest.raises(LLMError) as caught:
+        collect(loop, make(kind))
+    assert caught.value.code == "LLM_UNAVAILABLE"
+    assert f"it answered {label.split(';')[0]}, not an event stream" in caught.value.message
+    assert "base_url" in caught.value.message and len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_event_stream_labelled_otherwise_still_reads(kind, make, fake, loop):
+    whole = stream(kind)
+    fake.push(Reply(raw=whole.raw, headers={"content-type": "text/plain"}))
+    assert "".join(collect(loop, make(kind))[:-1]) == TEXT
+
+
 def thinking(field: str, count: int) -> list[tuple[str | None, str]]:
     """COUNT chat-completions chunks of a reasoning model's thinking, in FIELD."""
     chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 from opencortex.llm import reported
 from opencortex.llm.base import PromptRequest, Usage, estimate_tokens
 from opencortex.llm.failures import Failure, connection_failure, status_failure
-from opencortex.llm.provider import ProviderBackend, StreamCut, connection_reached
+from opencortex.llm.provider import ProviderBackend, StreamCut, connection_reached, event_stream
 from opencortex.llm.routing import ModelChoice
 from opencortex.llm.settings import LLMSettings
 
@@ -69,6 +69,7 @@ class AnthropicBackend(ProviderBackend):
             try:
                 message = await stream.get_final_message()
             except AssertionError:  # the stream ended before message_start
+                event_stream(stream.response)
                 message = None
         if message is None or message.stop_reason is None:
             raise StreamCut("no message_stop")

@@ -22,7 +22,7 @@ from opencortex.llm import reported
 from opencortex.llm.base import PromptRequest, Usage, estimate_tokens
 from opencortex.llm.failures import Failure, connection_failure, status_failure
 from opencortex.llm.provider import (THINKING, ProviderBackend, StreamCut, Thinking,
-                                    connection_reached)
+                                    connection_reached, event_stream)
 from opencortex.llm.reported import Malformed
 from opencortex.llm.routing import ModelChoice
 from opencortex.llm.settings import OFFICIAL_OPENAI_URL, LLMSettings
@@ -130,6 +130,8 @@ class OpenAICompatibleBackend(ProviderBackend):
         finally:
             await stream.close()
         if finish is None:
+            if not length and counted is None:
+                event_stream(stream.response)
             raise StreamCut("no finish_reason")
         stop = STOP_REASONS.get(finish, finish)
         details = getattr(counted, "prompt_tokens_details", None)

@@ -33,6 +33,7 @@ from opencortex.llm.reported import Malformed
 from opencortex.llm.routing import ModelChoice, choose_model, routing_of
 from opencortex.llm.settings import LLMSettings
 from opencortex.llm.watchdog import StallWatch
+from opencortex.untrusted import model_note
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,18 @@ def connection_reached(error: BaseException) -> bool:
 
 class StreamCut(Exception):
     """The provider ended the stream without saying the reply was complete."""
+
+
+def event_stream(response: Any) -> None:
+    """Malformed unless RESPONSE (the SDK's httpx response) is labelled an event stream;
+    asked of a stream that ended before anything came, so a login page, a proxy's
+    answer or a server that ignores `stream` is named as such (a working stream
+    with another label still works)."""
+    kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "text/event-stream":
+        raise Malformed(f"it answered {model_note(kind, 60) or 'with no content type'}, not an "
+                        "event stream: is base_url the API's, with no proxy or login page in "
+                        "the way, and does the server stream?")
 
 
 class Thinking:
