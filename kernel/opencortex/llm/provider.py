@@ -23,6 +23,7 @@ import logging
 import random
 import sys
 import time
+import warnings
 from typing import Any, AsyncIterator
 
 from opencortex.error_place import unexpected
@@ -42,11 +43,16 @@ SDK_LOGGERS = ("httpx2", "httpcore2")
 
 
 def quiet_sdk_logs(sdk_module: str) -> None:
-    """The SDKs log whole request bodies (message content) at DEBUG: keep them at WARNING."""
+    """The SDKs log whole request bodies (message content) at DEBUG: keep them at WARNING.
+    And the anthropic SDK dumps each reply it builds, so pydantic warns of a field a
+    server wrote as another type, quoting its value on stderr: not shown (the backends
+    read those fields themselves, `reported`)."""
     for name in (sdk_module, *SDK_LOGGERS):
         logger = logging.getLogger(name)
         if logger.level == logging.NOTSET or logger.level < logging.WARNING:
             logger.setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="Pydantic serializer warnings",
+                            category=UserWarning, module=r"pydantic\.")
 
 
 def connection_reached(error: BaseException) -> bool:
