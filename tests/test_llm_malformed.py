@@ -196,7 +196,8 @@ def test_a_count_no_reply_could_have_is_estimated_not_charged(kind, count, make,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("model", [5, {"name": PRIVATE}, "", "m" * (MAX_NAME + 1)], ids=repr)
+@pytest.mark.parametrize("model", [5, {"name": PRIVATE}, "", "m" * (MAX_NAME + 1),
+                                   "gpt\x1b[2J", "gpt\nINFO forged"], ids=repr)
 def test_a_model_name_that_is_not_one_is_the_model_asked_for(kind, model, make, fake, loop):
     place = (0, ("model",)) if kind == "openai" else (0, ("message", "model"))
     fake.push(stream(kind, place, model))

@@ -39,8 +39,9 @@ def text(value: Any, what: str) -> str:
 
 
 def name(value: Any) -> str | None:
-    """VALUE as a name (a model's): text of 1 to MAX_NAME characters, else None."""
-    if value.__class__ is str and 0 < len(value) <= MAX_NAME:
+    """VALUE as a name (a model's): 1 to MAX_NAME printable characters (no line break,
+    no control: it is shown in /metrics and the JSON of a turn), else None."""
+    if value.__class__ is str and 0 < len(value) <= MAX_NAME and value.isprintable():
         return value
     return None
 
