@@ -280,7 +280,8 @@ class FakeProvider:
             return await out.flush()
         if reply.no_stop:
             return await out.flush()
-        finish = {"end_turn": "stop", "max_tokens": "length"}.get(reply.stop_reason, "stop")
+        finish = {"end_turn": "stop", "max_tokens": "length",
+                  "refusal": "content_filter"}.get(reply.stop_reason, "stop")
         await out.write(choice({}, finish))
         if (body.get("stream_options") or {}).get("include_usage"):
             await out.write(_sse(None, {**base, "choices": [], "usage": {

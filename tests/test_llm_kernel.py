@@ -149,6 +149,39 @@ def test_a_reply_past_max_reply_bytes_is_not_read_on_and_the_turn_fails(anthropi
     assert result.usage is not None and result.usage.estimated   # charged as a cut reply
 
 
+@pytest.fixture(params=["anthropic", "openai"])
+def either_home(request, home, fake, monkeypatch):
+    """A home whose backend is the Anthropic API or an OpenAI-compatible server (the fake)."""
+    if request.param == "anthropic":
+        return request.getfixturevalue("anthropic_home")
+    (home / "config.toml").write_text(f'backend = "openai"\n[llm.openai]\nbase_url = '
+                                      f'"{fake.openai_url}"\nmodel = "llama3.2"\n')
+    return home
+
+
+def test_a_reply_cut_at_the_output_limit_is_said_so_to_the_model_and_the_person(
+        either_home, fake):
+    """Before, the person and the model were told only what the reader found (a string
+    or a list left open), never that the output limit cut the reply."""
+    cut = Reply(chunks=pieces(PLIST[:25]), stop_reason="max_tokens")
+    fake.push(cut, cut)
+    result, printed, _, records = turn(either_home)
+    assert result.status == "rejected" and len(fake.requests) == 2
+    limit = "the reply reached the model's output limit (max_tokens) before it ended"
+    assert result.errors[0].startswith(limit) and limit in printed[-1]
+    asked_again = fake.requests[1].body["messages"][-1]["content"]
+    assert asked_again.startswith(f"Your reply was rejected: {limit}: it has to be shorter")
+
+
+def test_a_refusal_is_said_so_and_not_asked_again(either_home, fake):
+    fake.push(Reply(chunks=["I can't help with that."], stop_reason="refusal"))
+    result, printed, _, records = turn(either_home)
+    assert result.status == "rejected" and len(fake.requests) == 1   # not asked again
+    assert result.errors[0] == ("the model declined to answer (its provider ended the reply "
+                                "as a refusal)")
+    assert "declined to answer" in printed[-1]
+
+
 def test_rate_limited_turn_tells_the_wait(anthropic_home, fake):
     fake.push(*[Reply(status=429, error_type="rate_limit_error",
                       headers={"retry-after": "0.01"})] * 3)

@@ -54,6 +54,14 @@ def added(total: Usage | None, more: Usage) -> Usage:
         "fallback_reason": more.fallback_reason or total.fallback_reason})
 
 
+# Why a rejected reply ended, when its provider says it did not end of itself.
+STOPPED_SHORT = {
+    "max_tokens": "the reply reached the model's output limit (max_tokens) before it ended: "
+                  "it has to be shorter",
+    "refusal": "the model declined to answer (its provider ended the reply as a refusal)",
+}
+
+
 class Replies:
     """Asks the backend and judges what it says, for the kernel's turns."""
 
@@ -83,6 +91,11 @@ class Replies:
             verdict = await self.judged(reply, ctx)
             if verdict.status != "rejected":
                 return verdict, request, reply
+            stopped = result.usage.stop_reason if result.usage is not None else ""
+            if stopped in STOPPED_SHORT:    # say why first: the reader's errors follow from it
+                verdict = replace(verdict, errors=[STOPPED_SHORT[stopped], *verdict.errors])
+                if stopped == "refusal":    # asked again, it declines again (and is paid)
+                    return verdict, request, reply
             self.telemetry.count("chat_rejections_total", skill=skill.name)
             log.info("reply rejected (skill %s, attempt %d, %d reasons)",
                      skill.name, attempt + 1, len(verdict.errors))
