@@ -53,6 +53,7 @@ class Reply:
     delay: float = 0.0  # seconds before each chunk
     burst: bool = False  # send the whole stream in one write (benchmarks: the client is timed)
     raw: list[tuple[str | None, str]] | None = None  # instead: these SSE events, as written
+    no_stream_options: bool = False  # OpenAI: refuse a request carrying stream_options (400)
 
 
 @dataclass
@@ -260,6 +261,11 @@ class FakeProvider:
         if reply.raw is not None:
             return await self._raw(request, reply)
         body = await request.json()
+        if reply.no_stream_options and "stream_options" in body:   # as older Azure versions
+            self.queue.appendleft(reply)           # the retry without it gets this reply
+            return web.json_response({"error": {
+                "message": "Unrecognized request argument supplied: stream_options",
+                "type": "invalid_request_error", "param": None, "code": None}}, status=400)
         response = web.StreamResponse(headers={"content-type": "text/event-stream",
                                                **reply.headers})
         await response.prepare(request)

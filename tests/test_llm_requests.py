@@ -9,7 +9,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from opencortex.llm import PromptRequest, ReplyAddress
+from opencortex.llm import LLMError, PromptRequest, ReplyAddress
 from opencortex.llm.base import prompt_request
 from opencortex.llm.anthropic_api import AnthropicBackend
 from opencortex.llm.openai_compatible import NO_KEY, OpenAICompatibleBackend
@@ -91,6 +91,29 @@ def test_openai_without_stream_usage_estimates_tokens(fake):
     usage = run(OpenAICompatibleBackend(settings, api_key="k", base_url=fake.openai_url))[-1]
     assert "stream_options" not in fake.requests[0].body
     assert usage.estimated and usage.output_tokens == 10 and usage.input_tokens > 0
+
+
+def test_a_server_refusing_stream_options_is_asked_again_without_them(fake, caplog):
+    """Older Azure API versions and some gateways answer 400 to `stream_options`: before,
+    every turn failed with INVALID_MESSAGE until stream_usage was found and turned off."""
+    settings = LLMSettings.model_validate({"openai": {"model": "m"}})
+    backend = OpenAICompatibleBackend(settings, api_key="k", base_url=fake.openai_url)
+    fake.push(Reply(chunks=["a" * 40], no_stream_options=True),
+              Reply(chunks=["b" * 40], no_stream_options=True))
+    first, second = run(backend), run(backend)
+    assert [seen.body.get("stream_options") for seen in fake.requests] == \
+        [{"include_usage": True}, None, None]      # refused once, then never sent again
+    assert first[0] == "a" * 40 and second[0] == "b" * 40
+    assert first[-1].estimated and first[-1].output_tokens == 10
+    assert "refuses stream_options" in caplog.text
+
+
+def test_another_refusal_of_the_request_is_not_asked_again(fake):
+    fake.push(Reply(status=400, error_type="invalid_request_error"))
+    backend = OpenAICompatibleBackend(LLMSettings(), api_key="k", base_url=fake.openai_url)
+    with pytest.raises(LLMError) as caught:
+        run(backend)
+    assert caught.value.code == "INVALID_MESSAGE" and len(fake.requests) == 1
 
 
 def test_the_sdks_are_imported_on_the_first_reply_not_at_start(home):

@@ -14,6 +14,7 @@ The key is optional except for the official API: local servers ignore it.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, AsyncIterator
 from urllib.parse import urlsplit
@@ -26,6 +27,8 @@ from opencortex.llm.provider import (THINKING, ProviderBackend, StreamCut, Think
 from opencortex.llm.reported import Malformed
 from opencortex.llm.routing import ModelChoice
 from opencortex.llm.settings import OFFICIAL_OPENAI_URL, LLMSettings
+
+log = logging.getLogger(__name__)
 
 NO_KEY = "no-key"  # the SDK insists on a key; servers without auth ignore it
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "content_filter": "refusal",
@@ -110,7 +113,7 @@ class OpenAICompatibleBackend(ProviderBackend):
 
     async def _events(self, client: Any, request: PromptRequest,
                       choice: ModelChoice) -> AsyncIterator[str | Usage | Thinking]:
-        stream = await client.chat.completions.create(**self.request_params(request, choice))
+        stream = await self._create(client, request, choice)
         finish: str | None = None
         counted = None
         model = choice.model
@@ -147,6 +150,22 @@ class OpenAICompatibleBackend(ProviderBackend):
                     cache_read_tokens=min(prompt_tokens, reported.tokens(
                         getattr(details, "cached_tokens", 0)) or 0),
                     stop_reason=stop, model=model)
+
+    async def _create(self, client: Any, request: PromptRequest, choice: ModelChoice) -> Any:
+        """The SDK's stream for REQUEST.  A server that refuses `stream_options` (older
+        Azure API versions, some gateways: 400 or 422 naming it) is asked again without
+        it, and is not asked for it again in this run (the counts are then estimated)."""
+        import openai
+        try:
+            return await client.chat.completions.create(**self.request_params(request, choice))
+        except openai.APIStatusError as error:
+            if not (self.stream_usage and error.status_code in (400, 422)
+                    and "stream_options" in str(error.body)):
+                raise
+        log.warning("%s: the server refuses stream_options; asking without it from now on "
+                    "(set [llm.openai] stream_usage = false to say so)", self.name)
+        self.stream_usage = False
+        return await client.chat.completions.create(**self.request_params(request, choice))
 
     def _classify(self, error: Exception, model: str) -> Failure | None:
         import httpx2
