@@ -13,7 +13,12 @@ empty `url`), `getUpdates` fails with 409 Conflict, as Telegram's does; the
 fake does not POST to the webhook: a test does, with `message_update`.
 
 People are simulated with `send` (a message from a user) and `click` (a
-callback query on an inline button).  Faults are injected per method with
+callback query on an inline button).  A message sent with `topic` is written
+in that forum topic of its supergroup (`is_topic_message`, `message_thread_id`,
+and a reply to the topic's "topic created" message, as Telegram delivers one);
+`sendMessage` and `sendChatAction` take `message_thread_id` only for a topic
+the fake has seen ("for forum supergroups only"), else 400 "message thread
+not found".  Faults are injected per method with
 `fail(method, kind)`: "429" (retry_after 1), "500", "drop" (the connection is
 closed without an answer), "parse" (400 can't parse entities).
 """
@@ -40,6 +45,7 @@ class Sent:
     parse_mode: str | None
     message_id: int
     reply_markup: Any = None
+    topic: int | None = None          # the message_thread_id it was sent with
     edits: list[str] = field(default_factory=list)
     date: int = field(default_factory=lambda: int(time.time()))   # Telegram's, whole seconds
 
@@ -54,6 +60,8 @@ class FakeBotApi:
         self.next_message = 1000
         self.sent: list[Sent] = []
         self.actions: list[tuple[str, str]] = []
+        self.action_topics: list[int | None] = []   # each action's message_thread_id
+        self.topics: set[tuple[str, int]] = set()    # (chat id, topic) of forum topics seen
         self.answers: list[tuple[str, str]] = []
         self.commands: list[dict[str, str]] = []
         self.calls: list[str] = []
@@ -97,9 +105,10 @@ class FakeBotApi:
     def message_update(self, user_id: int, text: str | None = None, *,
                        chat_id: int | None = None, chat_type: str = "private",
                        reply_to_bot: bool = False, edited: bool = False,
-                       **media: Any) -> dict[str, Any]:
+                       topic: int | None = None, **media: Any) -> dict[str, Any]:
         """The update carrying a message from USER_ID (in CHAT_ID, default their private
-        chat), with the next update id, as Telegram delivers it; not queued."""
+        chat; in its forum TOPIC when given), with the next update id, as Telegram
+        delivers it; not queued."""
         chat = chat_id if chat_id is not None else user_id
         message: dict[str, Any] = {
             "message_id": self._message_id(), "date": int(time.time()),
@@ -108,6 +117,17 @@ class FakeBotApi:
             "from": {"id": user_id, "is_bot": False, "first_name": f"user{user_id}"}}
         if text is not None:
             message["text"] = text
+        if topic is not None:
+            self.topics.add((str(chat), topic))
+            message["chat"]["is_forum"] = True
+            message.update({"message_thread_id": topic, "is_topic_message": True,
+                            "reply_to_message": {   # the topic's first message
+                                "message_id": topic, "date": int(time.time()),
+                                "chat": message["chat"], "message_thread_id": topic,
+                                "from": {"id": user_id, "is_bot": False,
+                                         "first_name": f"user{user_id}"},
+                                "forum_topic_created": {"name": f"topic {topic}",
+                                                        "icon_color": 7322096}}})
         message.update(media)
         if reply_to_bot:
             message["reply_to_message"] = {
@@ -230,9 +250,12 @@ class FakeBotApi:
                 break
         return list(self.updates[:int(params.get("limit") or 100)])
 
-    async def _sendMessage(self, params: dict) -> dict:
+    async def _sendMessage(self, params: dict) -> dict | web.Response:
+        topic = self._topic(params)
+        if topic == -1:
+            return _error(400, "Bad Request: message thread not found")
         sent = Sent(str(params["chat_id"]), params["text"], params.get("parse_mode"),
-                    self._message_id(), params.get("reply_markup"))
+                    self._message_id(), params.get("reply_markup"), topic)
         self.sent.append(sent)
         if self.on_sent is not None:
             self.on_sent(sent)
@@ -243,19 +266,35 @@ class FakeBotApi:
         sent.edits.append(params["text"])
         return self._message(sent)
 
-    async def _sendChatAction(self, params: dict) -> bool:
+    async def _sendChatAction(self, params: dict) -> bool | web.Response:
+        topic = self._topic(params)
+        if topic == -1:
+            return _error(400, "Bad Request: message thread not found")
         self.actions.append((str(params["chat_id"]), params["action"]))
+        self.action_topics.append(topic)
         return True
+
+    def _topic(self, params: dict) -> int | None:
+        """The message_thread_id PARAMS send to (None: none; -1: not a topic seen)."""
+        if params.get("message_thread_id") in (None, ""):
+            return None
+        topic = int(params["message_thread_id"])
+        return topic if (str(params["chat_id"]), topic) in self.topics else -1
 
     async def _answerCallbackQuery(self, params: dict) -> bool:
         self.answers.append((params["callback_query_id"], params.get("text", "")))
         return True
 
     def _message(self, sent: Sent) -> dict:
-        return {"message_id": sent.message_id, "date": sent.date,
-                "chat": {"id": int(sent.chat_id), "type": "private"},
-                "from": {"id": BOT_ID, "is_bot": True, "first_name": "Cortex",
-                         "username": BOT_NAME}, "text": sent.text}
+        message = {"message_id": sent.message_id, "date": sent.date,
+                   "chat": {"id": int(sent.chat_id), "type": "private"},
+                   "from": {"id": BOT_ID, "is_bot": True, "first_name": "Cortex",
+                            "username": BOT_NAME}, "text": sent.text}
+        if sent.topic is not None:
+            message["chat"] = {"id": int(sent.chat_id), "type": "supergroup",
+                               "title": "group", "is_forum": True}
+            message.update({"message_thread_id": sent.topic, "is_topic_message": True})
+        return message
 
 
 async def _params(request: web.Request) -> dict[str, Any]:

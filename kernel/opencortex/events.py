@@ -2,11 +2,14 @@
 
 The first (and for now only) kind is a chat message.  A thread is the pair
 (channel, chat id): every message of one conversation shares it, and no two
-conversations do.
+conversations do.  A topic of a bridge chat (a Telegram forum topic) is a
+conversation of its own, "CHAT#TOPIC" (see `topic_chat_id`), and counts as
+its chat wherever the kernel asks who is talking (`Thread.chat`).
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, NamedTuple
@@ -20,6 +23,9 @@ Channel = Literal["emacs", "cli", "telegram", "signal", "matrix"]
 TEXT_LABEL = "the message text"
 MAX_DISPLAY_NAME = 256          # characters of a sender's display name kept
 MAX_QUEUED = timedelta(days=30)  # a platform's send time older than this is not believed
+TOPIC_MARK = "#"                # between a chat's id and its topic's in a thread's chat id
+# A topic's chat id: both numbers (a Matrix room or Signal group id never reads so).
+_TOPIC_CHAT_ID = re.compile(r"(-?[0-9]{1,20})#[0-9]{1,20}")
 
 
 def display_name(value: str) -> str | None:
@@ -56,6 +62,15 @@ class Thread(NamedTuple):
     def __str__(self) -> str:
         return f"{self.channel}:{self.chat_id}"
 
+    @property
+    def chat(self) -> "Thread":
+        """The chat this thread is a conversation of: for a topic ("telegram:-100123#45",
+        see `topic_chat_id`) that chat ("telegram:-100123"), else the thread itself.
+        Who writes in a topic is who writes in its chat: the configuration that names
+        a chat (its owner, its archetype) names its topics."""
+        chat_id = chat_of(self.chat_id)
+        return self if chat_id == self.chat_id else Thread(self.channel, chat_id)
+
     @classmethod
     def parse(cls, text: str, default_channel: str = "cli") -> "Thread":
         """Read `channel:chat-id` (or a bare chat id on DEFAULT_CHANNEL)."""
@@ -69,6 +84,26 @@ class Thread(NamedTuple):
         if not chat_id.strip():
             raise EventError(f"thread {text!r} has an empty chat id")
         return cls(channel, chat_id)
+
+
+def chat_of(chat_id: str) -> str:
+    """The id of the chat CHAT_ID is a conversation of: for a topic's ("-100123#45", see
+    `topic_chat_id`) its chat's ("-100123"), else CHAT_ID itself."""
+    if TOPIC_MARK not in chat_id:
+        return chat_id
+    topic = _TOPIC_CHAT_ID.fullmatch(chat_id)
+    return chat_id if topic is None else topic.group(1)
+
+
+def topic_chat_id(chat_id: str, topic: str) -> str:
+    """The chat id of the conversation in TOPIC of the chat CHAT_ID (both numbers, as a
+    platform numbers them; "" TOPIC: the chat's own conversation)."""
+    if not topic:
+        return chat_id
+    joined = f"{chat_id}{TOPIC_MARK}{topic}"
+    if _TOPIC_CHAT_ID.fullmatch(joined) is None:
+        raise ValueError(f"a topic and its chat are numbered: {joined!r}")
+    return joined
 
 
 def _now() -> datetime:

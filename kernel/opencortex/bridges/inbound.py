@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from opencortex.events import TOPIC_MARK, topic_chat_id
+
 Kind = Literal["text", "media", "edit", "deletion", "other"]
 
 
@@ -16,7 +18,10 @@ class Inbound:
     Matrix sync batch): the bridge acknowledges it only once the message is
     handled.  `message_id` identifies the message within its chat, so a
     redelivered message is recognised.  `text` is the message text or a
-    media caption ("" when there is none)."""
+    media caption ("" when there is none).  `topic` names the topic of the chat it
+    was written in, when the chat has topics (a Telegram forum's): each topic is a
+    conversation of its own (`conversation`), while who may talk is decided by the
+    chat."""
 
     position: int
     chat_id: str
@@ -34,6 +39,25 @@ class Inbound:
     # When the platform says it was sent (epoch seconds; None: it says nothing).  The
     # kernel dates the message by it within bounds (see `events.ChatMessage.said_at`).
     sent_at: float | None = None
+    topic: str = ""                  # the platform's number of the chat's topic, if any
+
+    def __post_init__(self) -> None:
+        topic_chat_id(self.chat_id, self.topic)   # ValueError unless both are numbers
+        if type(self.sender_aliases) is not tuple:     # as read back from the inbox (JSON)
+            object.__setattr__(self, "sender_aliases", tuple(self.sender_aliases))
+
+    @property
+    def conversation(self) -> str:
+        """The kernel's chat id for this message's conversation: the chat's, or its
+        topic's ("CHAT#TOPIC"); what the bridge answers to (see `split_conversation`)."""
+        return topic_chat_id(self.chat_id, self.topic)
+
+
+def split_conversation(conversation: str) -> tuple[str, str]:
+    """The chat id and the topic ("" for none) of a CONVERSATION, for a platform sending
+    to it (the inverse of `Inbound.conversation` for a chat whose ids hold no mark)."""
+    chat_id, _, topic = conversation.partition(TOPIC_MARK)
+    return chat_id, topic
 
 
 def from_milliseconds(stamp: Any) -> float | None:

@@ -45,7 +45,7 @@ from opencortex.bridges.render import plain, to_html
 from opencortex.bridges.settings import BridgeSettings
 from opencortex.conversation.commands import OWNERS_ONLY, USAGE
 from opencortex.error_place import unexpected
-from opencortex.events import EventError, Thread, chat_message, platform_time
+from opencortex.events import EventError, Thread, chat_message, chat_of, platform_time
 from opencortex.kernel import Kernel
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class BridgeActuator(MessageActuator):
 
     async def deliver(self, address: str, text: str, key: str | None = None) -> None:
         for number, piece in enumerate(split_text(text, self.platform.text_limit)):
-            await self.pacer.wait(address)
+            await self.pacer.wait(chat_of(address))     # a platform paces a chat's topics too
             try:
                 await self._send(address, piece, None if key is None else f"{key}/{number}")
             except (BridgeError, RetryAfter) as error:
@@ -227,7 +227,7 @@ class Bridge:
             self.inbox.done(message.position)
             self._replayed.discard(message.position)
             if decision == "refuse":
-                self._refuse(message.chat_id)
+                self._refuse(message.conversation)
 
     def _refuse(self, chat_id: str) -> None:
         """Owe CHAT_ID a refusal, unless REFUSAL_BACKLOG are owed already (then dropped)."""
@@ -245,7 +245,8 @@ class Bridge:
         failure drops it."""
         pacer = self.actuator.pacer
         while self._refusals:
-            chat_id = next((chat for chat in self._refusals if pacer.try_now(chat)), None)
+            chat_id = next((chat for chat in self._refusals if pacer.try_now(chat_of(chat))),
+                           None)
             if chat_id is None:
                 await asyncio.sleep(pacer.interval)
                 continue
@@ -263,13 +264,13 @@ class Bridge:
         Decided here, as it arrives: queued behind the turn that waits for this very
         answer, it would only be read after the approval expired."""
         answer = parse_answer(message.text) if message.kind == "text" else None
-        approval = self.approver.open_in(message.chat_id, message.sender_id) \
+        approval = self.approver.open_in(message.conversation, message.sender_id) \
             if answer is not None else None
         if approval is None:
             return False
         said = self.approver.decide(approval, self.approver.digest_of(approval),
                                     message.sender_id, bool(answer))
-        task = asyncio.create_task(self._say(message.chat_id, said))
+        task = asyncio.create_task(self._say(message.conversation, said))
         self._workers.add(task)
         task.add_done_callback(self._workers.discard)
         return True
@@ -279,10 +280,10 @@ class Bridge:
     def _dispatch(self, message: Inbound, decision: str) -> None:
         """Queue MESSAGE (and the gate's DECISION) behind earlier ones of its chat; start
         the chat's worker if idle."""
-        queue = self._chats.get(message.chat_id)
+        queue = self._chats.get(message.conversation)
         if queue is None:
-            queue = self._chats[message.chat_id] = asyncio.Queue()
-            task = asyncio.create_task(self._work(message.chat_id, queue))
+            queue = self._chats[message.conversation] = asyncio.Queue()
+            task = asyncio.create_task(self._work(message.conversation, queue))
             self._workers.add(task)
             task.add_done_callback(self._workers.discard)
         queue.put_nowait((message, decision))
@@ -304,22 +305,22 @@ class Bridge:
     async def _handle(self, message: Inbound, decision: str) -> None:
         """MESSAGE of a chat, its turn come: the flood notice, or the turn itself."""
         if decision == "flood-notice":
-            await self._say(message.chat_id, flood_notice(self.settings))
+            await self._say(message.conversation, flood_notice(self.settings))
             return
         if message.kind in ("edit", "deletion", "other"):
             log.info("%s bridge: %s of an earlier message ignored", self.channel, message.kind)
             return
         if not message.text.strip():
-            await self._say(message.chat_id, TEXT_ONLY)
+            await self._say(message.conversation, TEXT_ONLY)
             return
         await self._turn(message)
 
     async def _turn(self, message: Inbound) -> None:
         try:
             event = chat_message(self._command_text(message.text), self.channel,
-                                 message.chat_id, message.sender_id, message.sender_name)
+                                 message.conversation, message.sender_id, message.sender_name)
         except EventError:
-            await self._say(message.chat_id, "I could not read that message; send it again.")
+            await self._say(message.conversation, "I could not read that message; send it again.")
             return
         event = event.model_copy(update={"message_id": message.message_id,
                                          "sent_at": platform_time(message.sent_at)})
@@ -330,15 +331,15 @@ class Bridge:
                          "is said again", self.channel)
                 reply_id, reply = answer        # its id: said once where the platform can
                 if reply:
-                    await self._say(message.chat_id, reply, key=reply_id)
+                    await self._say(message.conversation, reply, key=reply_id)
                 return
-        typing = asyncio.create_task(self._keep_typing(message.chat_id))
+        typing = asyncio.create_task(self._keep_typing(message.conversation))
         try:
             await self.kernel.handle(event)
         finally:
             typing.cancel()
         if event.text.split()[0] == "/help" and not self.settings.archive:
-            await self._say(message.chat_id, UNARCHIVED)
+            await self._say(message.conversation, UNARCHIVED)
 
     def _command_text(self, text: str) -> str:
         """`/start` means /help; `/cmd@thisbot args` means `/cmd args`."""

@@ -12,6 +12,11 @@ with the secret token from $webhook_secret_env; Telegram's POSTs are answered
 Telegram holds updates while the kernel restarts.  Both modes read an update
 with the same `_item`.
 
+A message in a forum topic (`is_topic_message`) is the topic's conversation:
+what the bridge says there (replies, typing, approvals) carries its
+`message_thread_id`, as python-telegram-bot's `Message.reply_text` does; a
+chain of replies in a group without topics stays the group's one conversation.
+
 Replies are sent as HTML (`parse_mode`), approvals carry an inline keyboard
 whose callback data binds the click to the approval and the action's digest,
 and every click is answered with `answerCallbackQuery`.
@@ -34,9 +39,10 @@ from urllib.parse import urlsplit
 
 from opencortex.bridges.contract import (BridgeError, Decision, FormattingRejected, Platform,
                                          Unreadable)
-from opencortex.bridges.inbound import Inbound
+from opencortex.bridges.inbound import Inbound, split_conversation
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.settings import TelegramSettings
+from opencortex.events import topic_chat_id
 
 TEXT_LIMIT = 4000         # characters a piece: the Bot API takes 4096 of text per message
 
@@ -208,15 +214,19 @@ class TelegramPlatform(Platform):
     async def send(self, chat_id: str, html: str, plain: str, key: str | None = None) -> None:
         # the Bot API's sendMessage has no idempotency key: KEY cannot be used
         from telegram import LinkPreviewOptions
-        options = {"link_preview_options": LinkPreviewOptions(is_disabled=True)}
+        chat, topic = _where(chat_id)
+        options = {"link_preview_options": LinkPreviewOptions(is_disabled=True),
+                   "message_thread_id": topic}
         if html:
             await self._call("sendMessage", self.bot.send_message(
-                chat_id, html, parse_mode="HTML", **options))
+                chat, html, parse_mode="HTML", **options))
         else:
-            await self._call("sendMessage", self.bot.send_message(chat_id, plain, **options))
+            await self._call("sendMessage", self.bot.send_message(chat, plain, **options))
 
     async def typing(self, chat_id: str) -> None:
-        await self._call("sendChatAction", self.bot.send_chat_action(chat_id, "typing"))
+        chat, topic = _where(chat_id)
+        await self._call("sendChatAction", self.bot.send_chat_action(
+            chat, "typing", message_thread_id=topic))
 
     async def show_approval(self, chat_id: str, text: str, approval_id: str,
                             digest: str) -> Any:
@@ -224,14 +234,15 @@ class TelegramPlatform(Platform):
         keyboard = InlineKeyboardMarkup([[
             InlineKeyboardButton("Approve", callback_data=f"a:{approval_id}:{digest}:y"),
             InlineKeyboardButton("Deny", callback_data=f"a:{approval_id}:{digest}:n")]])
+        chat, topic = _where(chat_id)
         sent = await self._call("sendMessage", self.bot.send_message(
-            chat_id, text, reply_markup=keyboard))
+            chat, text, reply_markup=keyboard, message_thread_id=topic))
         return sent.message_id, text
 
     async def settle_approval(self, chat_id: str, handle: Any, outcome: str) -> None:
         message_id, text = handle
         await self._call("editMessageText", self.bot.edit_message_text(
-            f"{text}\n\n{outcome}", chat_id=chat_id, message_id=message_id))
+            f"{text}\n\n{outcome}", chat_id=_where(chat_id)[0], message_id=message_id))
 
     async def answer_decision(self, decision: Decision, text: str) -> None:
         if decision.token:
@@ -268,7 +279,8 @@ class TelegramPlatform(Platform):
                        text=text, kind=kind, is_group=message.chat.type in ("group", "supergroup"),
                        addressed_to_bot=self._addressed(message, text),
                        sender_name=message.from_user.full_name or "",
-                       sent_at=message.date.timestamp() if message.date else None)
+                       sent_at=message.date.timestamp() if message.date else None,
+                       topic=_topic(message))
 
     @staticmethod
     def _kind(message: Any) -> str:
@@ -277,10 +289,12 @@ class TelegramPlatform(Platform):
         return "media" if any(getattr(message, name, None) for name in MEDIA) else "other"
 
     def _addressed(self, message: Any, text: str) -> bool:
-        """In a group: does MESSAGE mention the bot or reply to one of its messages?"""
+        """In a group: does MESSAGE mention the bot or reply to one of its messages?  (In a
+        forum topic every message replies to the topic's first, "topic created": not a
+        reply to whoever created it.)"""
         replied = message.reply_to_message
         if replied is not None and replied.from_user is not None and \
-                replied.from_user.id == self.bot.id:
+                replied.from_user.id == self.bot.id and replied.forum_topic_created is None:
             return True
         mention = f"@{self.username}".lower()
         return bool(self.username) and mention in text.lower()
@@ -291,8 +305,25 @@ class TelegramPlatform(Platform):
         query = update.callback_query
         parts = (query.data or "").split(":")
         valid = len(parts) == 4 and parts[0] == "a" and parts[3] in ("y", "n")
-        chat = query.message.chat.id if query.message is not None else ""
-        return Decision(position=update.update_id, chat_id=str(chat),
+        shown = query.message
+        chat = topic_chat_id(str(shown.chat.id), _topic(shown)) if shown is not None else ""
+        return Decision(position=update.update_id, chat_id=chat,
                         sender_id=str(query.from_user.id),
                         approval_id=parts[1] if valid else "", digest=parts[2] if valid else "",
                         approve=valid and parts[3] == "y", token=query.id)
+
+
+def _topic(message: Any) -> str:
+    """The forum topic MESSAGE was written in, as text ("" outside topics).  Telegram
+    numbers a reply chain in a group without topics as well; only a topic message's
+    number is a place to answer in (`is_topic_message`)."""
+    number = getattr(message, "message_thread_id", None)
+    if getattr(message, "is_topic_message", None) is not True or type(number) is not int:
+        return ""
+    return str(number) if 0 < number < 2 ** 63 else ""
+
+
+def _where(conversation: str) -> tuple[str, int | None]:
+    """Where to send to CONVERSATION: its chat, and its topic's number (None: none)."""
+    chat, topic = split_conversation(conversation)
+    return chat, int(topic) if topic else None

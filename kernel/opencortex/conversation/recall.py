@@ -81,10 +81,11 @@ CANDIDATES = 4                 # recall ranks this many times K matches before k
 SAID_READ = 8                  # a period's messages read per one kept of a named person's
 
 def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
-    """Who is talking in THREAD: the configured name for "channel:chat-id" if any;
-    else "local" for Emacs and terminal threads; else the thread itself ("telegram:123")."""
+    """Who is talking in THREAD: the configured name for "channel:chat-id" (or for its
+    chat, when THREAD is a topic of one: see `Thread.chat`) if any; else "local" for
+    Emacs and terminal threads; else the chat itself ("telegram:123")."""
     thread = Thread(*thread)
-    configured = owners.get(str(thread))
+    configured = owners.get(str(thread)) or owners.get(str(thread.chat))
     return configured or default_partition(thread)
 
 

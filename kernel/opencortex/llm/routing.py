@@ -19,12 +19,13 @@ LOCAL_CHANNELS = ("cli", "emacs")
 def archetype_for(thread: Thread, settings: LLMSettings) -> str:
     """The observer archetype of whoever writes in THREAD.
 
-    `[llm.owners]` decides first ("telegram:12345", or "telegram:*" for a whole
-    channel); otherwise the local channels (cli, emacs) are the owner,
-    "developer"; the kernel's own channel is "system"; every bridge chat is "guest".
+    `[llm.owners]` decides first ("telegram:12345", which names its topics too,
+    or "telegram:*" for a whole channel); otherwise the local channels (cli,
+    emacs) are the owner, "developer"; the kernel's own channel is "system";
+    every bridge chat is "guest".
     """
     owners = settings.owners
-    for key in (f"{thread.channel}:{thread.chat_id}", f"{thread.channel}:*"):
+    for key in (str(thread), str(thread.chat), f"{thread.channel}:*"):
         if key in owners:
             return owners[key]
     if thread.channel in LOCAL_CHANNELS:

@@ -71,9 +71,9 @@ Partition = Callable[[Thread], str]
 
 def default_partition(thread: Thread) -> str:
     """The owner of THREAD without configuration: "local" for Emacs and terminal
-    threads, else the thread itself ("telegram:123")."""
+    threads, else its chat ("telegram:123"; a topic's: see `Thread.chat`)."""
     thread = Thread(*thread)
-    return LOCAL_PARTITION if thread.channel in LOCAL_CHANNELS else str(thread)
+    return LOCAL_PARTITION if thread.channel in LOCAL_CHANNELS else str(thread.chat)
 
 
 @functools.lru_cache(maxsize=4096)
