@@ -46,6 +46,7 @@ class Sent:
     message_id: int
     reply_markup: Any = None
     topic: int | None = None          # the message_thread_id it was sent with
+    reply_to: int | None = None       # the message it answers (reply_parameters)
     edits: list[str] = field(default_factory=list)
     date: int = field(default_factory=lambda: int(time.time()))   # Telegram's, whole seconds
 
@@ -254,8 +255,12 @@ class FakeBotApi:
         topic = self._topic(params)
         if topic == -1:
             return _error(400, "Bad Request: message thread not found")
+        answers = params.get("reply_parameters")
+        if isinstance(answers, str):
+            answers = json.loads(answers)
         sent = Sent(str(params["chat_id"]), params["text"], params.get("parse_mode"),
-                    self._message_id(), params.get("reply_markup"), topic)
+                    self._message_id(), params.get("reply_markup"), topic,
+                    answers["message_id"] if isinstance(answers, dict) else None)
         self.sent.append(sent)
         if self.on_sent is not None:
             self.on_sent(sent)

@@ -27,6 +27,7 @@ from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.runner import check_bridge
 from opencortex.bridges.settings import MatrixSettings
 from opencortex.events import Thread
+from opencortex.llm.echo import EchoBackend, echo_text
 
 from bridge_helpers import archived_step, running_bridge, script, until
 from matrix_person import Person
@@ -176,6 +177,55 @@ def test_replies_follow_the_thread_and_edits_are_not_answered(homeserver, home, 
             await person.say(room, "main timeline again")
             await person.until(lambda: len(person.messages(room, bot.user_id)) == 3)
             assert "m.relates_to" not in person.messages(room, bot.user_id)[2].source["content"]
+    run(scenario())
+
+
+class Held(EchoBackend):
+    """Echo, holding the reply to a message that says "hold" until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.holding = False
+
+    async def stream(self, request):
+        if "hold" in echo_text(request):
+            self.holding = True
+            await self.release.wait()
+        async for item in super().stream(request):
+            yield item
+
+
+def test_a_reply_goes_to_the_thread_of_the_message_it_answers(homeserver, home, tmp_path):
+    """The person writes in thread A, then in thread B while A's turn runs: A's answer
+    is in A (it went where they last wrote, B), also when the bridge no longer knows
+    A's thread (a restart in between: the homeserver is asked)."""
+    bot, owner = accounts(homeserver, "bot", "owner")
+    held = Held()
+
+    def thread(root: str, reply_to: str) -> dict:
+        return {"m.relates_to": {"rel_type": "m.thread", "event_id": root,
+                                 "is_falling_back": True, "m.in_reply_to": {"event_id": reply_to}}}
+
+    async def scenario():
+        async with room_with_the_bot(homeserver, home, tmp_path, bot, owner, encrypted=False,
+                                     backend=held) as (person, running, _, room):
+            said = lambda: person.messages(room, bot.user_id)   # noqa: E731
+            root_a = await person.say(room, "thread a")
+            await person.until(lambda: len(said()) == 1)
+            root_b = await person.say(room, "thread b")
+            await person.until(lambda: len(said()) == 2)
+            inside_a = await person.say(room, "hold on, in a", **thread(root_a, root_a))
+            await until(lambda: held.holding, 30)
+            await person.say(room, "now in b", **thread(root_b, root_b))
+            await until(lambda: running.platform._threads[room][0] == root_b, 30)
+            running.platform._roots.clear()           # as after a restart
+            held.release.set()
+            await person.until(lambda: len(said()) == 4)
+            answers = {e.body: e.source["content"]["m.relates_to"] for e in said()[2:]}
+            in_a = answers["[Echo] hold on, in a"]
+            assert (in_a["event_id"], in_a["m.in_reply_to"]["event_id"]) == (root_a, inside_a)
+            assert answers["[Echo] now in b"]["event_id"] == root_b
     run(scenario())
 
 

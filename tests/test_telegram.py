@@ -429,9 +429,9 @@ def test_after_a_crash_a_pending_message_already_archived_gets_its_reply_not_a_n
     keys = []
     send = TelegramPlatform.send
 
-    async def keyed_send(self, chat_id, html, plain, key=None):
+    async def keyed_send(self, chat_id, html, plain, key=None, reply_to=None):
         keys.append(key)
-        await send(self, chat_id, html, plain, key)
+        await send(self, chat_id, html, plain, key, reply_to)
     monkeypatch.setattr(TelegramPlatform, "send", keyed_send)
     with Archive(home / "memory") as archive:       # the turn ended, then the kernel died
         said = archive.append([NewMessage(role="user", text="answered", thread=thread,

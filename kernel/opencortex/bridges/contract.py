@@ -99,11 +99,15 @@ class Platform(abc.ABC):
         """Offer the kernel's slash commands in the platform's menu (default: nothing)."""
 
     @abc.abstractmethod
-    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None) -> None:
+    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None,
+                   reply_to: str | None = None) -> None:
         """Send one message (HTML, or PLAIN if the platform has no formatting).  KEY, when
         given, names this message: a platform with idempotent sends (Matrix's
         transaction ids) sends a message of a KEY it sent before only once (a reply
-        said again after a crash); the others send it again.
+        said again after a crash); the others send it again.  REPLY_TO, when given,
+        is the id (`Inbound.message_id`) of the person's message this answers: the
+        platform shows it as an answer where its people expect one (Telegram: quoted
+        in a group; Matrix: in that message's thread).
         Raises FormattingRejected, `outbound.RetryAfter` or BridgeError."""
 
     @abc.abstractmethod

@@ -9,8 +9,8 @@ this module maps it onto the bridge contract:
   invites.  `acknowledge` keeps the sync position, only after the bridge kept
   the messages; each event has one integer bridge position (`matrix_state`),
   the same one when a sync from an older position brings it again.
-- Each room is one chat (`matrix:!room:server`); a reply goes to the thread its
-  person last wrote in.  Messages carry HTML (`org.matrix.custom.html`) and a
+- Each room is one chat (`matrix:!room:server`); a reply goes to the thread of
+  the message it answers (a notice: to the thread its person last wrote in).  Messages carry HTML (`org.matrix.custom.html`) and a
   plain body; typing notices while a turn runs.
 - Approvals: a message the bot reacts to with ✅ and ❌; a person's ✅/❌
   reaction becomes a `Decision` (replies "approve"/"deny" are the shared
@@ -32,12 +32,15 @@ from typing import Any
 from opencortex.bridges.contract import BridgeError, Decision, Platform, Unreadable
 from opencortex.bridges.inbound import Inbound, from_milliseconds
 from opencortex.bridges.matrix_crypto import Undecrypted
-from opencortex.bridges.matrix_events import RoomEvent, reaction_answer, read_event
+from opencortex.bridges.matrix_events import (RoomEvent, reaction_answer, read_event,
+                                              thread_root)
 from opencortex.bridges.matrix_session import MatrixSession
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.settings import MatrixSettings
 
 log = logging.getLogger(__name__)
+
+REMEMBERED = 1000         # events of the bot's, and people's thread roots, remembered
 
 TYPING_MS = 6000         # the bridge repeats the typing notice every 4 s
 NOTICE_EVERY = 600.0     # seconds between two equal notices to one sender in one room
@@ -88,6 +91,7 @@ class MatrixPlatform(Platform):
         self._token = ""          # the sync position acknowledged (kept in the state)
         self._fetched = ""        # the sync position of the last fetch
         self._threads: dict[str, tuple[str, str]] = {}   # room -> (thread root, last event)
+        self._roots: dict[str, str] = {}     # a person's event -> its thread root ("": none)
         self._mine: dict[str, None] = {}                  # events the bot sent (newest last)
         self._approvals: dict[str, tuple[str, str]] = {}  # event -> (approval id, digest)
         self._noticed: dict[tuple[str, str, str], float] = {}
@@ -178,6 +182,7 @@ class MatrixPlatform(Platform):
             return self._decision(room_id, seen, position)
         if seen.sender in self.session.trust.people and seen.kind in ("text", "media"):
             self._threads[room_id] = (seen.thread_root, seen.event_id)
+            _remember(self._roots, seen.event_id, seen.thread_root)
         room = self.client.rooms.get(room_id)
         stamp = getattr(event, "server_timestamp", None)      # the sender's server's
         return Inbound(position=position, chat_id=room_id, sender_id=seen.sender,
@@ -240,23 +245,29 @@ class MatrixPlatform(Platform):
 
     # -- sending --------------------------------------------------------------------
 
-    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None) -> None:
+    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None,
+                   reply_to: str | None = None) -> None:
         content: dict[str, Any] = {"msgtype": "m.text", "body": plain}
         if html:
             content.update(format=HTML, formatted_body=matrix_html(html))
-        await self._post(chat_id, content, key)
+        await self._post(chat_id, content, key, reply_to)
 
-    async def _post(self, room_id: str, content: dict[str, Any], key: str | None = None) -> str:
-        """Send a message to ROOM_ID, in the thread its person last wrote in; its event id.
-        KEY: see `Platform.send` (the homeserver keeps a transaction id's event)."""
+    async def _post(self, room_id: str, content: dict[str, Any], key: str | None = None,
+                    reply_to: str | None = None) -> str:
+        """Send a message to ROOM_ID, in the thread of the message REPLY_TO (without one:
+        the thread its person last wrote in); its event id.  KEY: see `Platform.send`
+        (the homeserver keeps a transaction id's event)."""
         await self.session.ready(self._token)
-        root, last = self._threads.get(room_id, ("", ""))
+        if reply_to:
+            root, last = await self._thread_of(room_id, reply_to), reply_to
+        else:
+            root, last = self._threads.get(room_id, ("", ""))
         if root:
             content["m.relates_to"] = {"rel_type": "m.thread", "event_id": root,
                                        "is_falling_back": True,
                                        "m.in_reply_to": {"event_id": last}}
         event_id = await self._send_event(room_id, "m.room.message", content, key)
-        if root:
+        if root and not reply_to:
             self._threads[room_id] = (root, event_id)
         if room_id in self._typing:
             self._typing.discard(room_id)
@@ -270,10 +281,22 @@ class MatrixPlatform(Platform):
                           key: str | None = None) -> str:
         """Send one event and remember it as the bot's (for replies to the bot)."""
         event_id = await self.session.send(room_id, kind, content, key)
-        self._mine[event_id] = None
-        while len(self._mine) > 1000:
-            del self._mine[next(iter(self._mine))]
+        _remember(self._mine, event_id, None)
         return event_id
+
+    async def _thread_of(self, room_id: str, event_id: str) -> str:
+        """The thread root of a person's message EVENT_ID in ROOM_ID ("": none): as it was
+        read, or (read before a restart) as the homeserver has it; "" if it cannot say."""
+        root = self._roots.get(event_id)
+        if root is None:
+            try:
+                answer = await self.session.call(
+                    "getEvent", self.client.room_get_event(room_id, event_id))
+            except (BridgeError, RetryAfter):
+                return ""
+            root = thread_root(getattr(getattr(answer, "event", None), "source", None))
+            _remember(self._roots, event_id, root)
+        return root
 
     async def typing(self, chat_id: str) -> None:
         await self.session.ready(self._token)
@@ -313,3 +336,11 @@ class MatrixPlatform(Platform):
     async def stop(self) -> None:
         if self.session is not None:
             await self.session.close()
+
+
+def _remember(table: dict[str, Any], key: str, value: Any) -> None:
+    """TABLE[KEY] = VALUE, keeping the newest REMEMBERED keys."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > REMEMBERED:
+        del table[next(iter(table))]

@@ -111,6 +111,13 @@ def _place(relation: dict[str, Any]) -> dict[str, str]:
     return {"thread_root": _text(root), "reply_to": _text(reply_to)}
 
 
+def thread_root(source: Any) -> str:
+    """The thread root of the event SOURCE (any JSON: a homeserver's answer) when it is
+    in a thread, else "" (kept in the clear in an encrypted event too)."""
+    relation = nested(source, "content", "m.relates_to")
+    return _place(relation)["thread_root"] if isinstance(relation, dict) else ""
+
+
 def _mentions(content: dict[str, Any]) -> tuple[str, ...]:
     users = nested(content, "m.mentions", "user_ids")
     return tuple(user for user in users if isinstance(user, str)) \

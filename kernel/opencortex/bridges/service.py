@@ -1,8 +1,8 @@
 """One bridge at work: platform messages in, the kernel's turns, replies out.
 
 `Bridge.run` fetches from its `Platform`, keeps each message in the durable
-`Inbox` before acknowledging it, and hands it to a worker per chat (turns of
-one chat in order, chats in parallel).  For each message, in order:
+`Inbox` before acknowledging it, and hands it to a worker per conversation (a
+chat, or a topic of one: turns of one in order, conversations in parallel).  For each message, in order:
 
 1. the `Gate` decides (strangers, groups, flood) as it arrives, before anything
    else sees it; what it does not let in is done at once (its text leaves the
@@ -34,14 +34,14 @@ from collections import deque
 from typing import Any
 
 from opencortex.actuation import PLATFORM_ID
-from opencortex.actuators import ActuatorError, MessageActuator
+from opencortex.actuators import ActuatorError
 from opencortex.bridges.access import Gate, flood_notice
+from opencortex.bridges.actuator import BridgeActuator
 from opencortex.bridges.approvals import BridgeApprover, parse_answer
-from opencortex.bridges.contract import BridgeError, Decision, FormattingRejected, Platform
+from opencortex.bridges.contract import BridgeError, Decision, Platform
 from opencortex.bridges.inbound import Inbound
 from opencortex.bridges.inbox import Inbox
-from opencortex.bridges.outbound import Pacer, RetryAfter, split_text, with_retry_after
-from opencortex.bridges.render import plain, to_html
+from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.settings import BridgeSettings
 from opencortex.conversation.commands import OWNERS_ONLY, USAGE
 from opencortex.error_place import unexpected
@@ -66,39 +66,6 @@ def command_menu() -> list[tuple[str, str]]:
     menu for everyone: the commands only owners may run are left out)."""
     return [(name, usage.partition("—")[2].strip() or name) for name, usage in USAGE.items()
             if name not in FRONTEND_ONLY and name not in OWNERS_ONLY]
-
-
-class BridgeActuator(MessageActuator):
-    """Says text in a bridge chat: split, formatted (plain if refused), paced, retried."""
-
-    def __init__(self, platform: Platform):
-        self.platform = platform
-        self.targets = (platform.channel,)
-        self.pacer = Pacer(platform.per_chat, platform.per_second)
-
-    async def deliver(self, address: str, text: str, key: str | None = None) -> None:
-        for number, piece in enumerate(split_text(text, self.platform.text_limit)):
-            await self.pacer.wait(chat_of(address))     # a platform paces a chat's topics too
-            try:
-                await self._send(address, piece, None if key is None else f"{key}/{number}")
-            except (BridgeError, RetryAfter) as error:
-                raise ActuatorError(f"{self.platform.channel} did not take the message: "
-                                    f"{error}") from None
-
-    async def _send(self, chat_id: str, piece: str, key: str | None) -> None:
-        """PIECE of a message (KEY: it, see `Platform.send`), as plain text if the
-        platform refuses its formatting (a message of a key of its own)."""
-        async def formatted() -> None:
-            await self.platform.send(chat_id, to_html(piece), plain(piece), key)
-
-        async def unformatted() -> None:
-            await self.platform.send(chat_id, "", plain(piece),
-                                     None if key is None else f"{key}/plain")
-        try:
-            await with_retry_after(formatted)
-        except FormattingRejected:
-            log.info("%s refused the formatting; sent as plain text", self.platform.channel)
-            await with_retry_after(unformatted)
 
 
 class Bridge:

@@ -193,8 +193,10 @@ class SignalPlatform(Platform):
     async def acknowledge(self) -> None:
         """Nothing to do: signal-cli acknowledged the messages to Signal when it stored them."""
 
-    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None) -> None:
-        # signal-cli's send has no idempotency key: KEY cannot be used
+    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None,
+                   reply_to: str | None = None) -> None:
+        # signal-cli's send has no idempotency key: KEY cannot be used; an answer is not
+        # quoted (a quote names its author and time, which REPLY_TO alone does not)
         text, styles = styled(html) if html else (plain, [])
         if not text.strip():
             log.info("signal: an empty message was not sent")

@@ -17,7 +17,8 @@ what the bridge says there (replies, typing, approvals) carries its
 `message_thread_id`, as python-telegram-bot's `Message.reply_text` does; a
 chain of replies in a group without topics stays the group's one conversation.
 
-Replies are sent as HTML (`parse_mode`), approvals carry an inline keyboard
+In a group, a reply quotes the message it answers (`reply_parameters`).  Replies
+are sent as HTML (`parse_mode`), approvals carry an inline keyboard
 whose callback data binds the click to the approval and the action's digest,
 and every click is answered with `answerCallbackQuery`.
 
@@ -211,12 +212,19 @@ class TelegramPlatform(Platform):
         elif self._fetched is not None:
             self._offset = self._fetched + 1
 
-    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None) -> None:
+    async def send(self, chat_id: str, html: str, plain: str, key: str | None = None,
+                   reply_to: str | None = None) -> None:
         # the Bot API's sendMessage has no idempotency key: KEY cannot be used
-        from telegram import LinkPreviewOptions
+        from telegram import LinkPreviewOptions, ReplyParameters
         chat, topic = _where(chat_id)
-        options = {"link_preview_options": LinkPreviewOptions(is_disabled=True),
-                   "message_thread_id": topic}
+        options: dict[str, Any] = {
+            "link_preview_options": LinkPreviewOptions(is_disabled=True),
+            "message_thread_id": topic}
+        if reply_to and reply_to.isascii() and reply_to.isdigit() and chat.startswith("-"):
+            # in a group (Telegram numbers groups below zero) an answer quotes what it
+            # answers, as python-telegram-bot's reply_text does; sent even if it is gone
+            options["reply_parameters"] = ReplyParameters(
+                int(reply_to), allow_sending_without_reply=True)
         if html:
             await self._call("sendMessage", self.bot.send_message(
                 chat, html, parse_mode="HTML", **options))

@@ -1,6 +1,7 @@
-"""Telegram forum topics: each topic is a conversation of its own, answered in that
-topic; who may talk, and who they are, is decided by the group (the real
-python-telegram-bot against the loopback fake Bot API)."""
+"""Telegram groups: a reply quotes what it answers; a forum's topics are each a
+conversation of its own, answered in that topic, while who may talk, and who
+they are, is decided by the group (the real python-telegram-bot against the
+loopback fake Bot API)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from opencortex.memory.partitions import default_partition
 
 from bridge_helpers import run, script, until
 from telegram_fake import BOT_ID, BOT_NAME
-from test_telegram import AFTER, GROUP, OWNER, SHELL, STEP, bridge, buttons
+from test_telegram import AFTER, GROUP, OWNER, SHELL, STEP, bridge, buttons, texts
 
 APPLES, PEARS = 5, 9      # two topics of the forum GROUP
 
@@ -57,6 +58,20 @@ def test_each_topic_is_a_conversation_of_its_own_answered_in_its_topic(home, mon
             hits = recall.recall(topic, "which fruit is ripe", k=3)
             assert any("apples are ripe" in hit.text for hit in hits)
             assert running.gate.counts["allowed"] == 4
+    run(scenario())
+
+
+def test_in_a_group_a_reply_quotes_the_message_it_answers_and_in_private_not(home):
+    async def scenario():
+        async with bridge(home, groups=[str(GROUP)]) as (fake, _, _):
+            asked = fake.send(OWNER, f"@{BOT_NAME} which one?", chat_id=GROUP,
+                              chat_type="supergroup", topic=APPLES)
+            private = fake.send(OWNER, "just us")
+            await until(lambda: said_in(fake, APPLES) and texts(fake, OWNER))
+            [answer] = [s for s in fake.sent if s.chat_id == str(GROUP)]
+            assert (answer.reply_to, answer.topic) == (asked, APPLES)
+            assert [s.reply_to for s in fake.sent if s.chat_id == str(OWNER)] == [None]
+            assert private
     run(scenario())
 
 
