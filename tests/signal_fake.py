@@ -61,6 +61,7 @@ class Sent:
     timestamp: int
     is_group: bool
     edits: list[str] = field(default_factory=list)
+    quote: tuple[str, int] | None = None    # (author, timestamp) of the message quoted
 
 
 # The people and groups of the tests.
@@ -302,6 +303,11 @@ class FakeSignalCli:
         if not text and not params.get("attachment") and not params.get("attachments"):
             raise UserError("Sending empty message is not allowed, either a message, "
                             "attachment or sticker must be given.")
+        quote = None
+        if params.get("quoteTimestamp") is not None:
+            if not params.get("quoteAuthor"):
+                raise UserError("Quote author parameter is missing")
+            quote = (str(params["quoteAuthor"]), int(params["quoteTimestamp"]))
         stamp = self._tick()
         for chat in chats:
             edited = [s for s in self.sent if s.timestamp == params.get("editTimestamp")
@@ -309,7 +315,7 @@ class FakeSignalCli:
             if edited:
                 edited[0].edits.append(text)
                 continue
-            sent = Sent(chat, text, styles, stamp, is_group)
+            sent = Sent(chat, text, styles, stamp, is_group, quote=quote)
             self.sent.append(sent)
             if self.on_sent is not None:
                 self.on_sent(sent)

@@ -62,6 +62,7 @@ def test_owner_by_uuid_is_answered_with_styles_and_a_stranger_is_refused_once(ho
             await asyncio.sleep(0.3)
             reply = next(s for s in fake.sent if s.chat_id == OWNER.uuid)
             assert (reply.text, reply.styles) == ("[Echo] hello there", ["13:5:BOLD"])
+            assert reply.quote is None                    # a direct answer quotes nothing
             assert texts(fake, STRANGER.uuid) == ["Sorry, this is a private assistant."]
             assert (OWNER.uuid, False) in fake.typing
             assert running.gate.counts["stranger"] == 2
@@ -127,8 +128,9 @@ def test_groups_answer_only_allowed_groups_when_addressed(home):
     async def scenario():
         async with bridge(home, groups=[GROUP]) as (fake, running, kernel):
             fake.message(OWNER, "no mention", group=GROUP)
-            fake.message(OWNER, "hi bot", group=GROUP, mention_bot=True)
+            asked = fake.message(OWNER, "hi bot", group=GROUP, mention_bot=True)
             await until(lambda: texts(fake, GROUP))
+            assert fake.sent[-1].quote == (OWNER.uuid, asked)    # an answer quotes, in a group
             fake.message(OWNER, "about that", group=GROUP, quote=fake.sent[-1])
             fake.message(STRANGER, "hi bot", group=GROUP, mention_bot=True)
             fake.message(OWNER, "hi bot", group=OTHER_GROUP, mention_bot=True)

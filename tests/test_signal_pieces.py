@@ -155,3 +155,14 @@ def test_notifications_that_are_not_a_person_writing_are_skipped():
     assert platform._item(note({"envelope": own})) is None
     later = platform._item(note({"envelope": {**envelope, "serverReceivedTimestamp": 1}}))
     assert later.position > taken.position        # positions only increase
+
+
+def test_an_answer_quotes_a_message_named_by_its_author_and_time_only():
+    from opencortex.bridges.signal import quoting
+    uuid = "3f1c2a9e-5b7d-4e60-9a1b-0c2d3e4f5a61"
+    assert quoting(f"{uuid}:1700000000123") == {"quoteTimestamp": 1700000000123,
+                                                "quoteAuthor": uuid}
+    assert quoting("+15550000010:5") == {"quoteTimestamp": 5, "quoteAuthor": "+15550000010"}
+    for other in (None, "", "55", f"{uuid}:", f"{uuid}:12x", f"{uuid}:١٢", "someone:12",
+                  f"{uuid}:{10 ** 30}", f"evil\n{uuid}:12"):
+        assert quoting(other) == {}

@@ -106,8 +106,8 @@ class Platform(abc.ABC):
         transaction ids) sends a message of a KEY it sent before only once (a reply
         said again after a crash); the others send it again.  REPLY_TO, when given,
         is the id (`Inbound.message_id`) of the person's message this answers: the
-        platform shows it as an answer where its people expect one (Telegram: quoted
-        in a group; Matrix: in that message's thread).
+        platform shows it as an answer where its people expect one (Telegram, Signal:
+        quoted in a group; Matrix: in that message's thread).
         Raises FormattingRejected, `outbound.RetryAfter` or BridgeError."""
 
     @abc.abstractmethod

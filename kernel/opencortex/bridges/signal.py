@@ -76,6 +76,18 @@ def target(chat_id: str) -> dict[str, Any]:
     return {"recipient": [chat_id]} if _RECIPIENT.match(chat_id) else {"groupId": chat_id}
 
 
+def quoting(message_id: str | None) -> dict[str, Any]:
+    """`send` parameters quoting the person's message MESSAGE_ID ("AUTHOR:TIMESTAMP", as
+    an incoming message is named); none for another id.  Signal finds the quoted
+    message by its author and time; signal-cli leaves its text empty, and a
+    Signal app shows its own copy."""
+    author, _, stamp = (message_id or "").rpartition(":")
+    if not (_RECIPIENT.match(author) and stamp.isascii() and stamp.isdigit()
+            and len(stamp) < 19):
+        return {}
+    return {"quoteTimestamp": int(stamp), "quoteAuthor": author}
+
+
 class SignalPlatform(Platform):
     """One Signal account, through its signal-cli daemon."""
 
@@ -195,13 +207,14 @@ class SignalPlatform(Platform):
 
     async def send(self, chat_id: str, html: str, plain: str, key: str | None = None,
                    reply_to: str | None = None) -> None:
-        # signal-cli's send has no idempotency key: KEY cannot be used; an answer is not
-        # quoted (a quote names its author and time, which REPLY_TO alone does not)
+        # signal-cli's send has no idempotency key: KEY cannot be used
         text, styles = styled(html) if html else (plain, [])
         if not text.strip():
             log.info("signal: an empty message was not sent")
             return
         params = {**target(chat_id), "message": text}
+        if "groupId" in params:     # in a group an answer quotes what it answers
+            params.update(quoting(reply_to))
         if styles:
             params["textStyle"] = styles
         await self._call("send", params)
