@@ -186,3 +186,24 @@ def test_named_as_the_assistant_the_bot_matches_replies_only(archive, tmp_path):
     report = import_file(archive, source, assistants=["Helper"])
     assert (report.added, report.duplicates) == (1, 0)
     assert texts(archive, PRIVATE)[-1] == ("assistant", "thanks")
+
+
+def test_the_export_of_a_forum_finds_what_the_bridge_archived_in_its_topics(archive,
+                                                                           tmp_path):
+    """The bridge archives a forum's topics as threads of their own ("CHAT#TOPIC"); the
+    export holds the whole group, and is imported into the group's thread: what the
+    bridge archived in a topic is recognised there too (by its id, and the bot's
+    replies by text and time), not brought in a second time."""
+    topic = Thread("telegram", f"{GROUP.chat_id}#5")
+    turn(archive, topic, 7, "in the topic", T0 + 0.3, "noted there", T0 + 2.2)
+    turn(archive, GROUP, 10, "outside", T0 + 20.3, "noted", T0 + 22.2)
+    source = exported(tmp_path, tg(6, "before", T0 - 60), tg(7, "in the topic", T0),
+                      tg(8, "noted there", T0 + 2, BOT), tg(10, "outside", T0 + 20),
+                      tg(11, "noted", T0 + 22, BOT), chat_type="private_supergroup",
+                      chat_id=1234)
+    report = import_file(archive, source)
+    assert (report.added, report.duplicates) == (1, 4)
+    assert texts(archive, topic) == [("user", "in the topic"), ("assistant", "noted there")]
+    assert ("user", "before") in texts(archive, GROUP)
+    other = Thread("telegram", "-10012345#5")       # another group's topic is not this one's
+    assert other.chat != GROUP

@@ -152,21 +152,36 @@ class _ThreadCopies:
 
 
 class BridgedCopies:
-    """Recognises exported messages a bridge archived already (see the module)."""
+    """Recognises exported messages a bridge archived already (see the module), in the
+    exported chat's thread or in its topics' (an export of a forum holds them all)."""
 
     def __init__(self, archive: Archive):
         self.archive = archive
-        self._threads: dict[Thread, _ThreadCopies | None] = {}   # None: nothing bridged
+        self._threads: dict[Thread, list[_ThreadCopies]] = {}   # by the exported thread
+        self._platform_ids: dict[Thread, set[str]] = {}
 
     def archived(self, item: Item) -> bool:
-        """Whether ITEM (with texts a bridge may have archived it under) is a message
-        of its thread a bridge archived, that no other item of this import stands for."""
+        """Whether a bridge archived ITEM already, as it came in: a message of its thread
+        (or of a topic of it) has its platform id (PLATFORM_ID), or is, by side, text
+        and time, its copy that no other item of this import stands for."""
+        thread = item.message.thread
+        platform_id = item.message.extra.get(PLATFORM_ID)
+        if platform_id is not None:
+            if thread not in self._platform_ids:
+                self._platform_ids[thread] = set().union(
+                    *(self.archive.platform_ids(each) for each in self._conversations(thread)))
+            if platform_id in self._platform_ids[thread]:
+                return True
         if not item.bridge_texts or item.message.timestamp is None:
             return False
-        thread = item.message.thread
         if thread not in self._threads:
-            span = self.archive.bridged_span(thread)
-            self._threads[thread] = None if span is None else \
-                _ThreadCopies(self.archive, thread, span)
-        copies = self._threads[thread]
-        return copies is not None and copies.take(item)
+            spans = ((each, self.archive.bridged_span(each))
+                     for each in self._conversations(thread))
+            self._threads[thread] = [_ThreadCopies(self.archive, each, span)
+                                     for each, span in spans if span is not None]
+        return any(copies.take(item) for copies in self._threads[thread])
+
+    def _conversations(self, thread: Thread) -> list[Thread]:
+        """THREAD and the archived threads of its topics (see `events.Thread.chat`)."""
+        return [thread, *(each for each in self.archive.threads()
+                          if each != thread and Thread(*each).chat == thread)]

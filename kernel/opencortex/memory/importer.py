@@ -55,7 +55,7 @@ from opencortex.memory.bridged import BridgedCopies
 from opencortex.memory.import_source import ImportFailed, ImportSource  # noqa: F401
 from opencortex.memory.partitions import Partition
 from opencortex.memory.records import ROLES, NewMessage, check_thread
-from opencortex.memory.rows import IMPORTED, PLATFORM_ID
+from opencortex.memory.rows import IMPORTED
 
 FORMATS = ("jsonl", "telegram")
 NAMESPACE = uuid.UUID("0c7f6a1e-3d2b-5e8f-9a41-6b2d8c0e4f17")   # of the ids imports derive
@@ -292,13 +292,12 @@ class _Writer:
         self.waiting: set[str] = set()               # ids of the pending messages
         self.chars = 0
         self.last: dict[Thread, float] = {}          # each thread's last time before the import
-        self.platform_ids: dict[Thread, set[str]] = {}   # each thread's PLATFORM_IDs
-        self.copies = BridgedCopies(archive)         # what bridges archived, by text and time
+        self.copies = BridgedCopies(archive)         # what bridges archived already
 
     def add(self, item: Item) -> None:
         """Queue ITEM unless it is already in the archive or queued; write when full."""
         if item.id in self.waiting or self.archive.known_ids((item.id,)) or \
-                self.bridged(item):
+                self.copies.archived(item):
             self.report.duplicates += 1
             return
         thread = item.message.thread
@@ -313,19 +312,6 @@ class _Writer:
             self.flush(thread)
         elif len(self.waiting) >= MAX_PENDING or self.chars >= MAX_PENDING_CHARS:
             self.flush_all()
-
-    def bridged(self, item: Item) -> bool:
-        """Whether a bridge archived ITEM already, as it came in: a message of its thread
-        has its platform id (PLATFORM_ID), or is its copy by side, text and time (see
-        `bridged`)."""
-        platform_id = item.message.extra.get(PLATFORM_ID)
-        if platform_id is not None:
-            thread = item.message.thread
-            if thread not in self.platform_ids:
-                self.platform_ids[thread] = self.archive.platform_ids(thread)
-            if platform_id in self.platform_ids[thread]:
-                return True
-        return self.copies.archived(item)
 
     def flush(self, thread: Thread) -> None:
         """Write THREAD's waiting messages: one whole write, one index transaction."""
