@@ -75,10 +75,10 @@ class MessageActuator(Actuator):
 
     async def carry_out(self, action: Action, event: Event, *,
                         key: str | None = None) -> Outcome:
-        await self.deliver(self.address(action), action.text, key)
+        await self.deliver(self.message_address(action), action.text, key)
         return Outcome(shown=action.text)
 
-    def address(self, action: Action) -> str:
+    def message_address(self, action: Action) -> str:
         """Where the message ACTION goes (`address_of`); ActuatorError for another action."""
         if not isinstance(action, (EmacsInsert, ChatIdMessage, MatrixMessage, CliPrint)):
             raise ActuatorError(f"{type(self).__name__} cannot carry out {type(action).__name__}")

@@ -27,7 +27,7 @@ class BridgeActuator(MessageActuator):
                         key: str | None = None) -> Outcome:
         """Say the reply ACTION; in EVENT's own chat, as the answer to EVENT's message
         (see `Platform.send`)."""
-        address = self.address(action)
+        address = self.message_address(action)
         own = (event.channel, event.chat_id) == (self.platform.channel, address)
         await self.deliver(address, action.text, key,
                            reply_to=event.message_id if own else None)

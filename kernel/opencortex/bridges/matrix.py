@@ -10,8 +10,9 @@ this module maps it onto the bridge contract:
   the messages; each event has one integer bridge position (`matrix_state`),
   the same one when a sync from an older position brings it again.
 - Each room is one chat (`matrix:!room:server`); a reply goes to the thread of
-  the message it answers (a notice: to the thread its person last wrote in).  Messages carry HTML (`org.matrix.custom.html`) and a
-  plain body; typing notices while a turn runs.
+  the message it answers (a notice: to the thread its person last wrote in).
+  Messages carry HTML (`org.matrix.custom.html`) and a plain body; typing
+  notices while a turn runs.
 - Approvals: a message the bot reacts to with ✅ and ❌; a person's ✅/❌
   reaction becomes a `Decision` (replies "approve"/"deny" are the shared
   bridge's); the message is edited to its outcome.

@@ -2,7 +2,8 @@
 
 `Bridge.run` fetches from its `Platform`, keeps each message in the durable
 `Inbox` before acknowledging it, and hands it to a worker per conversation (a
-chat, or a topic of one: turns of one in order, conversations in parallel).  For each message, in order:
+chat, or a topic of one: turns of one in order, conversations in parallel).
+For each message, in order:
 
 1. the `Gate` decides (strangers, groups, flood) as it arrives, before anything
    else sees it; what it does not let in is done at once (its text leaves the
