@@ -158,7 +158,7 @@ class Surface:
         self.shown: list[tuple[str, str, str]] = []
         self.settled: list[str] = []
 
-    async def show_approval(self, chat_id, text, approval_id, digest):
+    async def show_approval(self, chat_id, text, approval_id, digest, reply_to=None):
         self.shown.append((chat_id, approval_id, digest))
         return len(self.shown)
 

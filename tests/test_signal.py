@@ -230,8 +230,9 @@ def test_in_a_group_only_the_asker_decides_by_reaction(home, tmp_path):
         owners = {f"signal:{GROUP}": "developer"}
         async with bridge(home, script(tmp_path, SHELL, AFTER), owners=owners,
                           groups=[GROUP]) as (fake, _, kernel):
-            fake.message(OWNER, "run it", group=GROUP, mention_bot=True)
+            said = fake.message(OWNER, "run it", group=GROUP, mention_bot=True)
             asked = await shown_approval(fake, GROUP)
+            assert asked.quote == (OWNER.uuid, said)      # asked as the answer to "run it"
             fake.react(FRIEND, asked, "\u2705")
             await until(lambda: any("Only the person" in t for t in texts(fake, GROUP)))
             fake.react(OWNER, asked, "\u2764\ufe0f")              # ❤️ decides nothing

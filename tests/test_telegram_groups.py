@@ -116,11 +116,12 @@ def test_an_owner_group_is_an_owner_in_its_topics_and_approves_there(home, tmp_p
         owners = {f"telegram:{GROUP}": "developer"}
         async with bridge(home, script(tmp_path, SHELL, AFTER), owners=owners,
                           groups=[str(GROUP)]) as (fake, _, _):
-            fake.send(OWNER, f"@{BOT_NAME} run it", chat_id=GROUP, chat_type="supergroup",
-                      topic=APPLES)
+            said = fake.send(OWNER, f"@{BOT_NAME} run it", chat_id=GROUP,
+                             chat_type="supergroup", topic=APPLES)
             await until(lambda: any(s.reply_markup for s in fake.sent))
             asked = next(s for s in fake.sent if s.reply_markup)
             assert asked.topic == APPLES and "echo approved-run" in asked.text
+            assert asked.reply_to == said                  # asked as the answer to "run it"
             fake.click(OWNER, asked, buttons(asked)[0])
             await until(lambda: "after the command" in said_in(fake, APPLES), 20)
             assert "approved" in asked.edits[0]

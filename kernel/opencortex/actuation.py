@@ -175,6 +175,7 @@ class Actuation:
         what its call would change); TurnFailed if it cannot be described."""
         common = {"thread": event.thread, "timeout": self.config.emacs.approval_timeout,
                   "skill": skill or "", "requested_by": self._decider(event),
+                  "asked_in": event.message_id or "",
                   "digest": action_digest(action.printed())}
         if isinstance(action, ToolCall):
             return ApprovalRequest(action_class="tool", title=f"Use the tool {action.tool}",

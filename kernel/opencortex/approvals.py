@@ -50,6 +50,7 @@ class ApprovalRequest:
     timeout: float
     skill: str = ""
     requested_by: str = ""            # the sender whose message led to it (bridges: who may decide)
+    asked_in: str = ""                # that message's platform id (bridges: asked as its answer)
     argv: tuple[str, ...] = ()        # shell: the argument vector
     cwd: str = ""                     # shell: where it runs
     env: tuple[str, ...] = ()         # shell: names of the variables passed

@@ -193,7 +193,8 @@ class Budgets:
             request = ApprovalRequest(
                 thread=event.thread, action_class=BUDGET, timeout=timeout,
                 title=f"Extend the budget by {grant:,} tokens?", action=facts,
-                requested_by=event.sender or "", digest=action_digest(f"{facts} +{grant}"))
+                requested_by=event.sender or "", asked_in=event.message_id or "",
+                digest=action_digest(f"{facts} +{grant}"))
             decision = await ask(request)
             if decision.approved:
                 for scope in spent:

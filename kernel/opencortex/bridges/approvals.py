@@ -36,7 +36,7 @@ class ApprovalSurface(Protocol):
     """What a platform offers for approvals (see `opencortex.bridges.contract.Platform`)."""
 
     async def show_approval(self, chat_id: str, text: str, approval_id: str,
-                            digest: str) -> Any: ...
+                            digest: str, reply_to: str | None = None) -> Any: ...
 
     async def settle_approval(self, chat_id: str, handle: Any, outcome: str) -> None: ...
 
@@ -78,7 +78,8 @@ class BridgeApprover(Approver):
         timeout = self.timeout or request.timeout
         try:
             pending.handle = await self.surface.show_approval(
-                chat_id, request.as_text(), request.id, short_digest(request))
+                chat_id, request.as_text(), request.id, short_digest(request),
+                reply_to=request.asked_in or None)
             approved = await asyncio.wait_for(future, timeout)
             decision = ApprovalDecision("approved" if approved else "denied")
         except asyncio.TimeoutError:

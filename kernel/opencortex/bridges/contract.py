@@ -116,8 +116,9 @@ class Platform(abc.ABC):
 
     @abc.abstractmethod
     async def show_approval(self, chat_id: str, text: str, approval_id: str,
-                            digest: str) -> Any:
-        """Show TEXT with Approve/Deny controls bound to APPROVAL_ID and DIGEST; a handle."""
+                            digest: str, reply_to: str | None = None) -> Any:
+        """Show TEXT with Approve/Deny controls bound to APPROVAL_ID and DIGEST, as the answer
+        to the message REPLY_TO (as `send` does); a handle."""
 
     @abc.abstractmethod
     async def settle_approval(self, chat_id: str, handle: Any, outcome: str) -> None:

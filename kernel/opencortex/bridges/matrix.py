@@ -306,9 +306,10 @@ class MatrixPlatform(Platform):
         self._typing.add(chat_id)
 
     async def show_approval(self, chat_id: str, text: str, approval_id: str,
-                            digest: str) -> Any:
+                            digest: str, reply_to: str | None = None) -> Any:
         event_id = await self._post(chat_id, {"msgtype": "m.text",
-                                              "body": f"{text}\n\n{APPROVAL_HINT}"})
+                                              "body": f"{text}\n\n{APPROVAL_HINT}"},
+                                    reply_to=reply_to)
         self._approvals[event_id] = (approval_id, digest)
         reactions = []
         for key in ("✅", "❌"):   # the person taps one of these

@@ -76,6 +76,12 @@ def target(chat_id: str) -> dict[str, Any]:
     return {"recipient": [chat_id]} if _RECIPIENT.match(chat_id) else {"groupId": chat_id}
 
 
+def answering(chat_id: str, message_id: str | None) -> dict[str, Any]:
+    """`send` parameters for an answer in CHAT_ID to the message MESSAGE_ID: in a group,
+    it quotes that message (see `quoting`); to one person, nothing."""
+    return quoting(message_id) if "groupId" in target(chat_id) else {}
+
+
 def quoting(message_id: str | None) -> dict[str, Any]:
     """`send` parameters quoting the person's message MESSAGE_ID ("AUTHOR:TIMESTAMP", as
     an incoming message is named); none for another id.  Signal finds the quoted
@@ -212,9 +218,7 @@ class SignalPlatform(Platform):
         if not text.strip():
             log.info("signal: an empty message was not sent")
             return
-        params = {**target(chat_id), "message": text}
-        if "groupId" in params:     # in a group an answer quotes what it answers
-            params.update(quoting(reply_to))
+        params = {**target(chat_id), "message": text, **answering(chat_id, reply_to)}
         if styles:
             params["textStyle"] = styles
         await self._call("send", params)
@@ -223,9 +227,10 @@ class SignalPlatform(Platform):
         await self._call("sendTyping", target(chat_id))
 
     async def show_approval(self, chat_id: str, text: str, approval_id: str,
-                            digest: str) -> Any:
+                            digest: str, reply_to: str | None = None) -> Any:
         message = f"{text}\n\n{APPROVAL_HINT}"
-        sent = await self._call("send", {**target(chat_id), "message": message})
+        sent = await self._call("send", {**target(chat_id), "message": message,
+                                         **answering(chat_id, reply_to)})
         timestamp = int(sent["timestamp"]) if isinstance(sent, dict) else 0
         self._approvals[(chat_id, timestamp)] = (approval_id, digest)
         while len(self._approvals) > MAX_APPROVALS:

@@ -215,16 +215,9 @@ class TelegramPlatform(Platform):
     async def send(self, chat_id: str, html: str, plain: str, key: str | None = None,
                    reply_to: str | None = None) -> None:
         # the Bot API's sendMessage has no idempotency key: KEY cannot be used
-        from telegram import LinkPreviewOptions, ReplyParameters
-        chat, topic = _where(chat_id)
-        options: dict[str, Any] = {
-            "link_preview_options": LinkPreviewOptions(is_disabled=True),
-            "message_thread_id": topic}
-        if reply_to and reply_to.isascii() and reply_to.isdigit() and chat.startswith("-"):
-            # in a group (Telegram numbers groups below zero) an answer quotes what it
-            # answers, as python-telegram-bot's reply_text does; sent even if it is gone
-            options["reply_parameters"] = ReplyParameters(
-                int(reply_to), allow_sending_without_reply=True)
+        from telegram import LinkPreviewOptions
+        chat, options = _answering(chat_id, reply_to)
+        options["link_preview_options"] = LinkPreviewOptions(is_disabled=True)
         if html:
             await self._call("sendMessage", self.bot.send_message(
                 chat, html, parse_mode="HTML", **options))
@@ -232,25 +225,25 @@ class TelegramPlatform(Platform):
             await self._call("sendMessage", self.bot.send_message(chat, plain, **options))
 
     async def typing(self, chat_id: str) -> None:
-        chat, topic = _where(chat_id)
-        await self._call("sendChatAction", self.bot.send_chat_action(
-            chat, "typing", message_thread_id=topic))
+        chat, options = _answering(chat_id)
+        await self._call("sendChatAction", self.bot.send_chat_action(chat, "typing", **options))
 
     async def show_approval(self, chat_id: str, text: str, approval_id: str,
-                            digest: str) -> Any:
+                            digest: str, reply_to: str | None = None) -> Any:
         from telegram import InlineKeyboardButton, InlineKeyboardMarkup
         keyboard = InlineKeyboardMarkup([[
             InlineKeyboardButton("Approve", callback_data=f"a:{approval_id}:{digest}:y"),
             InlineKeyboardButton("Deny", callback_data=f"a:{approval_id}:{digest}:n")]])
-        chat, topic = _where(chat_id)
+        chat, options = _answering(chat_id, reply_to)
         sent = await self._call("sendMessage", self.bot.send_message(
-            chat, text, reply_markup=keyboard, message_thread_id=topic))
+            chat, text, reply_markup=keyboard, **options))
         return sent.message_id, text
 
     async def settle_approval(self, chat_id: str, handle: Any, outcome: str) -> None:
         message_id, text = handle
         await self._call("editMessageText", self.bot.edit_message_text(
-            f"{text}\n\n{outcome}", chat_id=_where(chat_id)[0], message_id=message_id))
+            f"{text}\n\n{outcome}", chat_id=split_conversation(chat_id)[0],
+            message_id=message_id))
 
     async def answer_decision(self, decision: Decision, text: str) -> None:
         if decision.token:
@@ -331,7 +324,15 @@ def _topic(message: Any) -> str:
     return str(number) if 0 < number < 2 ** 63 else ""
 
 
-def _where(conversation: str) -> tuple[str, int | None]:
-    """Where to send to CONVERSATION: its chat, and its topic's number (None: none)."""
+def _answering(conversation: str, reply_to: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Where to send to CONVERSATION: its chat, and the options that put a message in its
+    topic and, in a group (Telegram numbers groups below zero), quote the message
+    REPLY_TO it answers, as python-telegram-bot's reply_text does (sent even if that
+    message is gone)."""
+    from telegram import ReplyParameters
     chat, topic = split_conversation(conversation)
-    return chat, int(topic) if topic else None
+    options: dict[str, Any] = {"message_thread_id": int(topic) if topic else None}
+    if reply_to and reply_to.isascii() and reply_to.isdigit() and chat.startswith("-"):
+        options["reply_parameters"] = ReplyParameters(int(reply_to),
+                                                      allow_sending_without_reply=True)
+    return chat, options
