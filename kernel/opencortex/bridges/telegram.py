@@ -331,7 +331,8 @@ def _answering(conversation: str, reply_to: str | None = None) -> tuple[str, dic
     message is gone)."""
     from telegram import ReplyParameters
     chat, topic = split_conversation(conversation)
-    options: dict[str, Any] = {"message_thread_id": int(topic) if topic else None}
+    numbered = topic.isascii() and topic.isdigit()     # as `_topic` makes them
+    options: dict[str, Any] = {"message_thread_id": int(topic) if numbered else None}
     if reply_to and reply_to.isascii() and reply_to.isdigit() and chat.startswith("-"):
         options["reply_parameters"] = ReplyParameters(int(reply_to),
                                                       allow_sending_without_reply=True)
