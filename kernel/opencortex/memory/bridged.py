@@ -159,6 +159,7 @@ class BridgedCopies:
         self.archive = archive
         self._threads: dict[Thread, list[_ThreadCopies]] = {}   # by the exported thread
         self._platform_ids: dict[Thread, set[str]] = {}
+        self._with_topics: dict[Thread, list[Thread]] = {}
 
     def archived(self, item: Item) -> bool:
         """Whether a bridge archived ITEM already, as it came in: a message of its thread
@@ -182,6 +183,11 @@ class BridgedCopies:
         return any(copies.take(item) for copies in self._threads[thread])
 
     def _conversations(self, thread: Thread) -> list[Thread]:
-        """THREAD and the archived threads of its topics (see `events.Thread.chat`)."""
-        return [thread, *(each for each in self.archive.threads()
-                          if each != thread and Thread(*each).chat == thread)]
+        """THREAD and the archived threads of its topics (see `events.Thread.chat`), as
+        the archive held them when first asked (one listing per exported thread)."""
+        found = self._with_topics.get(thread)
+        if found is None:
+            found = self._with_topics[thread] = [thread, *(
+                each for each in self.archive.threads()
+                if each != thread and Thread(*each).chat == thread)]
+        return found
