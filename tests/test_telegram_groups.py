@@ -75,6 +75,22 @@ def test_in_a_group_a_reply_quotes_the_message_it_answers_and_in_private_not(hom
     run(scenario())
 
 
+def test_the_bridges_own_notice_answers_the_message_it_is_about_in_its_topic(home):
+    """A photo without a caption, replying to the bot in a topic: "text only" is said in
+    that topic, quoting the photo (in a group several people may have sent one)."""
+    async def scenario():
+        async with bridge(home, groups=[str(GROUP)]) as (fake, _, _):
+            photo = fake.send(OWNER, None, chat_id=GROUP, chat_type="supergroup",
+                              topic=PEARS, reply_to_bot=True, photo=[
+                                  {"file_id": "p", "file_unique_id": "u", "width": 1,
+                                   "height": 1}])
+            await until(lambda: said_in(fake, PEARS))
+            [notice] = [s for s in fake.sent if s.chat_id == str(GROUP)]
+            assert "text only" in notice.text
+            assert (notice.topic, notice.reply_to) == (PEARS, photo)
+    run(scenario())
+
+
 def test_a_reply_chain_in_a_group_without_topics_is_answered_in_the_group(home):
     """Telegram numbers a chain of replies too (message_thread_id without
     is_topic_message); sending to that number fails there ("for forum supergroups

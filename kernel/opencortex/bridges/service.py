@@ -238,7 +238,7 @@ class Bridge:
             return False
         said = self.approver.decide(approval, self.approver.digest_of(approval),
                                     message.sender_id, bool(answer))
-        task = asyncio.create_task(self._say(message.conversation, said))
+        task = asyncio.create_task(self._say(message, said))
         self._workers.add(task)
         task.add_done_callback(self._workers.discard)
         return True
@@ -273,13 +273,13 @@ class Bridge:
     async def _handle(self, message: Inbound, decision: str) -> None:
         """MESSAGE of a chat, its turn come: the flood notice, or the turn itself."""
         if decision == "flood-notice":
-            await self._say(message.conversation, flood_notice(self.settings))
+            await self._say(message, flood_notice(self.settings))
             return
         if message.kind in ("edit", "deletion", "other"):
             log.info("%s bridge: %s of an earlier message ignored", self.channel, message.kind)
             return
         if not message.text.strip():
-            await self._say(message.conversation, TEXT_ONLY)
+            await self._say(message, TEXT_ONLY)
             return
         await self._turn(message)
 
@@ -288,7 +288,7 @@ class Bridge:
             event = chat_message(self._command_text(message.text), self.channel,
                                  message.conversation, message.sender_id, message.sender_name)
         except EventError:
-            await self._say(message.conversation, "I could not read that message; send it again.")
+            await self._say(message, "I could not read that message; send it again.")
             return
         event = event.model_copy(update={"message_id": message.message_id,
                                          "sent_at": platform_time(message.sent_at)})
@@ -299,7 +299,7 @@ class Bridge:
                          "is said again", self.channel)
                 reply_id, reply = answer        # its id: said once where the platform can
                 if reply:
-                    await self._say(message.conversation, reply, key=reply_id)
+                    await self._say(message, reply, key=reply_id)
                 return
         typing = asyncio.create_task(self._keep_typing(message.conversation))
         try:
@@ -307,7 +307,7 @@ class Bridge:
         finally:
             typing.cancel()
         if event.text.split()[0] == "/help" and not self.settings.archive:
-            await self._say(message.conversation, UNARCHIVED)
+            await self._say(message, UNARCHIVED)
 
     def _command_text(self, text: str) -> str:
         """`/start` means /help; `/cmd@thisbot args` means `/cmd args`."""
@@ -358,10 +358,11 @@ class Bridge:
         except (BridgeError, RetryAfter) as error:
             log.info("%s bridge: a decision was not acknowledged: %s", self.channel, error)
 
-    async def _say(self, chat_id: str, text: str, key: str | None = None) -> None:
+    async def _say(self, message: Inbound, text: str, key: str | None = None) -> None:
         """A short notice from the bridge itself, or a reply said again (KEY: its id, see
-        `Platform.send`); never raises."""
+        `Platform.send`), as the answer to MESSAGE in its conversation; never raises."""
         try:
-            await self.actuator.deliver(chat_id, text, key)
+            await self.actuator.deliver(message.conversation, text, key,
+                                        reply_to=message.message_id or None)
         except ActuatorError as error:
             log.info("%s bridge: a notice was not sent: %s", self.channel, error)
