@@ -28,6 +28,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from opencortex.bridges.contract import remember
 from opencortex.bridges.inbound import Inbound
 from opencortex.bridges.settings import BridgeSettings
 
@@ -60,7 +61,7 @@ class Gate:
     def decide(self, message: Inbound) -> Verdict:
         """Whether MESSAGE goes on to the kernel, and if not, what the sender is told."""
         if not self.is_allowed(message.sender_id) and self._alias_allowed(message):
-            self._remember(self._by_alias, message.sender_id, self.clock())
+            remember(self._by_alias, message.sender_id, self.clock(), MAX_TRACKED)
             log.info("an allowed id writes as sender %s; that id is allowed now",
                      message.sender_id)
         verdict = self._access(message)
@@ -102,7 +103,7 @@ class Gate:
         last = self._refused.get(message.sender_id)
         if last is not None and now - last < self.settings.refusal_interval:
             return Verdict("ignore", "stranger")
-        self._remember(self._refused, message.sender_id, now)
+        remember(self._refused, message.sender_id, now, MAX_TRACKED)
         return Verdict("refuse", "stranger")
 
     def _flood(self, sender_id: str) -> Verdict:
@@ -116,16 +117,9 @@ class Gate:
         noticed = self._noticed.get(sender_id)
         if noticed is not None and now - noticed < WINDOW:
             return Verdict("ignore", "flood")
-        self._remember(self._noticed, sender_id, now)
+        remember(self._noticed, sender_id, now, MAX_TRACKED)
         return Verdict("flood-notice", "flood")
 
-    @staticmethod
-    def _remember(table: dict[str, float], key: str, now: float) -> None:
-        """Record KEY at NOW, forgetting the oldest entries past MAX_TRACKED."""
-        table.pop(key, None)
-        table[key] = now
-        while len(table) > MAX_TRACKED:
-            del table[next(iter(table))]
 
 
 def flood_notice(settings: BridgeSettings) -> str:

@@ -57,6 +57,15 @@ class Unreadable:
             self._log(f" ({item}: {type(error).__name__})")
 
 
+def remember(table: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """TABLE[KEY] = VALUE as its newest entry, the oldest forgotten past LIMIT entries: what
+    a bridge remembers of what others send is bounded, however much they send."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > limit:
+        del table[next(iter(table))]
+
+
 class FormattingRejected(Exception):
     """The platform refused the formatted text; the bridge sends it plain instead."""
 

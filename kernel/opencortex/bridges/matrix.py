@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opencortex.bridges.contract import BridgeError, Decision, Platform, Unreadable
+from opencortex.bridges.contract import (BridgeError, Decision, Platform, Unreadable,
+                                         remember)
 from opencortex.bridges.inbound import Inbound, from_milliseconds
 from opencortex.bridges.matrix_crypto import Undecrypted
 from opencortex.bridges.matrix_events import (RoomEvent, reaction_answer, read_event,
@@ -183,7 +184,7 @@ class MatrixPlatform(Platform):
             return self._decision(room_id, seen, position)
         if seen.sender in self.session.trust.people and seen.kind in ("text", "media"):
             self._threads[room_id] = (seen.thread_root, seen.event_id)
-            _remember(self._roots, seen.event_id, seen.thread_root)
+            remember(self._roots, seen.event_id, seen.thread_root, REMEMBERED)
         room = self.client.rooms.get(room_id)
         stamp = getattr(event, "server_timestamp", None)      # the sender's server's
         return Inbound(position=position, chat_id=room_id, sender_id=seen.sender,
@@ -282,7 +283,7 @@ class MatrixPlatform(Platform):
                           key: str | None = None) -> str:
         """Send one event and remember it as the bot's (for replies to the bot)."""
         event_id = await self.session.send(room_id, kind, content, key)
-        _remember(self._mine, event_id, None)
+        remember(self._mine, event_id, None, REMEMBERED)
         return event_id
 
     async def _thread_of(self, room_id: str, event_id: str) -> str:
@@ -296,7 +297,7 @@ class MatrixPlatform(Platform):
             except (BridgeError, RetryAfter):
                 return ""
             root = thread_root(getattr(getattr(answer, "event", None), "source", None))
-            _remember(self._roots, event_id, root)
+            remember(self._roots, event_id, root, REMEMBERED)
         return root
 
     async def typing(self, chat_id: str) -> None:
@@ -338,11 +339,3 @@ class MatrixPlatform(Platform):
     async def stop(self) -> None:
         if self.session is not None:
             await self.session.close()
-
-
-def _remember(table: dict[str, Any], key: str, value: Any) -> None:
-    """TABLE[KEY] = VALUE, keeping the newest REMEMBERED keys."""
-    table.pop(key, None)
-    table[key] = value
-    while len(table) > REMEMBERED:
-        del table[next(iter(table))]

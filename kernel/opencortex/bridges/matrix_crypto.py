@@ -24,6 +24,7 @@ import logging
 import time
 from typing import Any
 
+from opencortex.bridges.contract import remember
 from opencortex.bridges.settings import MatrixSettings
 
 log = logging.getLogger(__name__)
@@ -103,10 +104,7 @@ class Undecrypted:
     def keep(self, event: Any) -> bool:
         """Keep EVENT (a nio MegolmEvent) for `retry`; whether its key is still to be asked
         for (once per megolm session)."""
-        self._waiting.pop(event.event_id, None)
-        self._waiting[event.event_id] = (time.monotonic(), event)
-        while len(self._waiting) > MAX_WAITING:
-            del self._waiting[next(iter(self._waiting))]
+        remember(self._waiting, event.event_id, (time.monotonic(), event), MAX_WAITING)
         return event.session_id not in self.client.outgoing_key_requests
 
     def retry(self) -> list[tuple[str, Any]]:

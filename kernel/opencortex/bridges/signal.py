@@ -43,7 +43,7 @@ from typing import Any
 
 from opencortex.bridges.approvals import parse_answer
 from opencortex.bridges.contract import (BridgeError, Decision, FormattingRejected, Platform,
-                                         Unreadable)
+                                         Unreadable, remember)
 from opencortex.bridges.inbound import Inbound, from_milliseconds
 from opencortex.bridges.outbound import RetryAfter
 from opencortex.bridges.settings import SignalSettings
@@ -232,9 +232,7 @@ class SignalPlatform(Platform):
         sent = await self._call("send", {**target(chat_id), "message": message,
                                          **answering(chat_id, reply_to)})
         timestamp = int(sent["timestamp"]) if isinstance(sent, dict) else 0
-        self._approvals[(chat_id, timestamp)] = (approval_id, digest)
-        while len(self._approvals) > MAX_APPROVALS:
-            del self._approvals[next(iter(self._approvals))]
+        remember(self._approvals, (chat_id, timestamp), (approval_id, digest), MAX_APPROVALS)
         return timestamp, message
 
     async def settle_approval(self, chat_id: str, handle: Any, outcome: str) -> None:
