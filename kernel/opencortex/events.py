@@ -71,6 +71,13 @@ class Thread(NamedTuple):
         chat_id = chat_of(self.chat_id)
         return self if chat_id == self.chat_id else Thread(self.channel, chat_id)
 
+    @property
+    def config_names(self) -> tuple[str, ...]:
+        """The names configuration may give this thread by, most specific first:
+        "channel:chat-id", then, for a topic, its chat's (see `chat`)."""
+        chat = self.chat
+        return (str(self),) if chat is self else (str(self), str(chat))
+
     @classmethod
     def parse(cls, text: str, default_channel: str = "cli") -> "Thread":
         """Read `channel:chat-id` (or a bare chat id on DEFAULT_CHANNEL)."""

@@ -85,7 +85,7 @@ def owner_of(thread: Thread, owners: Mapping[str, str]) -> str:
     chat, when THREAD is a topic of one: see `Thread.chat`) if any; else "local" for
     Emacs and terminal threads; else the chat itself ("telegram:123")."""
     thread = Thread(*thread)
-    configured = owners.get(str(thread)) or owners.get(str(thread.chat))
+    configured = next((owners[name] for name in thread.config_names if owners.get(name)), "")
     return configured or default_partition(thread)
 
 

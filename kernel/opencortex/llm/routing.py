@@ -25,7 +25,7 @@ def archetype_for(thread: Thread, settings: LLMSettings) -> str:
     every bridge chat is "guest".
     """
     owners = settings.owners
-    for key in (str(thread), str(thread.chat), f"{thread.channel}:*"):
+    for key in (*thread.config_names, f"{thread.channel}:*"):
         if key in owners:
             return owners[key]
     if thread.channel in LOCAL_CHANNELS:
