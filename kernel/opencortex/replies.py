@@ -22,7 +22,7 @@ from typing import Callable
 from opencortex.budgets import Budgets
 from opencortex.config import Config
 from opencortex.events import Event
-from opencortex.llm import Backend, LLMError, PromptRequest, Usage
+from opencortex.llm import Backend, LLMError, PromptRequest, Thinking, Usage
 from opencortex.llm.cost import cut_reply_usage
 from opencortex.llm.routing import archetype_for
 from opencortex.pinning import pin
@@ -133,6 +133,7 @@ class Replies:
         chunks: list[str] = []
         paid = False
         size, limit = 0, self.config.max_reply_bytes
+        thought, fresh = 0, True      # thinking shown (at most LIMIT characters a reply)
         try:
             with self.telemetry.span("llm.stream", backend=self.backend.name) as span:
                 async with asyncio.timeout(self.config.llm_timeout), \
@@ -143,6 +144,15 @@ class Replies:
                             result.usage = added(result.usage, item)
                             self.budgets.record(result.thread, item)
                             span.set(model=item.model, first_chunk_s=item.first_chunk_s)
+                            continue
+                        if item.__class__ is Thinking:
+                            if item.fresh:
+                                thought = 0
+                            shown = item.text[:max(0, limit - thought)]
+                            if shown:
+                                thought += len(shown)
+                                observer.on_thinking(shown, fresh or item.fresh)
+                                fresh = False
                             continue
                         size += len(item)
                         if size > limit:    # more characters than bytes allowed: too long

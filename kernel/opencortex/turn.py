@@ -32,6 +32,11 @@ class TurnObserver:
     def on_chunk(self, text: str) -> None:
         """A streamed piece of the raw model reply."""
 
+    def on_thinking(self, text: str, fresh: bool) -> None:
+        """A streamed piece of a reasoning model's thinking (model text: untrusted, never
+        part of the reply); FRESH: the model thinks anew (a retried request, or the
+        next reply asked for), so what was shown of its thinking before goes."""
+
     def on_reply_done(self) -> None:
         """The model finished one reply; verification and actuation follow."""
 

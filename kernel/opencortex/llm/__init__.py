@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # config.py imports llm.settings: no import of config at run 
     from opencortex.llm.settings import LLMSettings
 
 _LAZY = {**dict.fromkeys(["Backend", "LLMError", "PromptMessage", "PromptRequest",
-                          "ReplyAddress", "Usage"], "base"),
+                          "ReplyAddress", "Thinking", "Usage"], "base"),
          "estimate_cost": "cost", "ECHO_WARNING": "echo", "EchoBackend": "echo",
          "EchoFallback": "fallback", "ProviderBackend": "provider",
          "archetype_for": "routing", "choose_model": "routing",
@@ -28,7 +28,8 @@ _LAZY = {**dict.fromkeys(["Backend", "LLMError", "PromptMessage", "PromptRequest
 
 __getattr__ = lazy_exports(__name__, _LAZY)
 
-__all__ = ["Backend", "LLMError", "PromptMessage", "PromptRequest", "ReplyAddress", "Usage",
+__all__ = ["Backend", "LLMError", "PromptMessage", "PromptRequest", "ReplyAddress", "Thinking",
+           "Usage",
            "EchoBackend", "EchoFallback", "ScriptBackend", "LLMSettings", "make_backend",
            "provider_backend", "auto_backend_name", "archetype_for", "choose_model",
            "estimate_cost"]

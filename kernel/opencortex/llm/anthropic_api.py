@@ -6,6 +6,10 @@ persona, the same for every turn of a thread — is sent as one text block
 marked `cache_control: ephemeral`; the history and the new message come after
 it, so a cache hit covers everything that does not change.  `temperature` is
 not sent: the API version this SDK speaks refuses sampling parameters.
+
+Claude's thinking (`[llm.anthropic] thinking`, or the model's default) streams as
+thinking blocks before the text: their words are passed on as `Thinking`, and a
+redacted block or a signature keeps the stream alive without words to show.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import os
 from typing import Any, AsyncIterator
 
 from opencortex.llm import reported
-from opencortex.llm.base import PromptRequest, Usage, estimate_tokens
+from opencortex.llm.base import THINKING, PromptRequest, Thinking, Usage, estimate_tokens
 from opencortex.llm.failures import Failure, connection_failure, status_failure
 from opencortex.llm.provider import ProviderBackend, StreamCut, connection_reached, event_stream
 from opencortex.llm.routing import ModelChoice
@@ -40,6 +44,7 @@ class AnthropicBackend(ProviderBackend):
                       or DEFAULT_BASE_URL),
             key_variable=variable, default_model=own.model)
         self.prompt_cache = own.prompt_cache
+        self.thinking = own.thinking
 
     def _new_client(self, api_key: str | None) -> Any:
         import anthropic
@@ -59,13 +64,24 @@ class AnthropicBackend(ProviderBackend):
             else:
                 params["system"] = request.system
         # No temperature: API version 2026-10-21 (SDK 2.x) refuses every sampling parameter.
+        if isinstance(self.thinking, int):
+            params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking}
+        elif self.thinking is not None:
+            params["thinking"] = {"type": self.thinking}
         return params
 
     async def _events(self, client: Any, request: PromptRequest,
-                      choice: ModelChoice) -> AsyncIterator[str | Usage]:
+                      choice: ModelChoice) -> AsyncIterator[str | Thinking | Usage]:
         async with client.messages.stream(**self.request_params(request, choice)) as stream:
-            async for text in stream.text_stream:
-                yield reported.text(text, "a text delta")
+            async for event in stream:
+                kind = event.type
+                if kind == "text":
+                    yield reported.text(event.text, "a text delta")
+                elif kind == "thinking":
+                    yield Thinking(reported.text(event.thinking, "a thinking delta"))
+                elif kind == "signature" or kind == "content_block_start" and \
+                        getattr(event.content_block, "type", None) == "redacted_thinking":
+                    yield THINKING
             try:
                 message = await stream.get_final_message()
             except AssertionError:  # the stream ended before message_start

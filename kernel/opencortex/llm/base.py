@@ -2,7 +2,8 @@
 
 Law (tested for every backend): the concatenation of the chunks a backend
 yields is the complete reply.  After the last chunk a backend yields exactly
-one `Usage`.
+one `Usage`.  A reasoning model's thinking comes as `Thinking` items among
+them: shown to the person who asked, never part of the reply, never kept.
 """
 
 from __future__ import annotations
@@ -26,6 +27,25 @@ class LLMError(Exception):
         self.code = code
         self.message = message
         self.retry_after_seconds = retry_after_seconds
+
+
+class Thinking:
+    """A piece of a reasoning model's thinking, as a backend yields it: TEXT to show the
+    person watching (model text, untrusted like the reply), never part of the reply nor
+    archived.  FRESH: the first piece of an attempt (a retried request thinks anew, so
+    what was shown of an earlier attempt goes)."""
+
+    __slots__ = ("text", "fresh")
+
+    def __init__(self, text: str = "", fresh: bool = False):
+        self.text = text
+        self.fresh = fresh
+
+    def __repr__(self) -> str:
+        return f"Thinking({len(self.text)} chars{', fresh' if self.fresh else ''})"
+
+
+THINKING = Thinking()   # a sign the model works, with nothing to show (keeps a stream alive)
 
 
 class PromptMessage(BaseModel):
@@ -150,13 +170,13 @@ def tokens_in_chars(count: int) -> int:
 
 
 class Backend(abc.ABC):
-    """A source of replies.  `stream` yields str chunks, then one Usage."""
+    """A source of replies.  `stream` yields str chunks (and `Thinking`), then one Usage."""
 
     name: str = "backend"
     warning: str | None = None  # shown to the person whenever this backend answers
 
     @abc.abstractmethod
-    def stream(self, request: PromptRequest) -> AsyncIterator[str | Usage]:
+    def stream(self, request: PromptRequest) -> AsyncIterator[str | Thinking | Usage]:
         """Stream the reply to REQUEST; raise LLMError on failure."""
 
     def model_for(self, request: PromptRequest) -> str:

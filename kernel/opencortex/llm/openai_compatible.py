@@ -20,10 +20,10 @@ from typing import Any, AsyncIterator
 from urllib.parse import urlsplit
 
 from opencortex.llm import reported
-from opencortex.llm.base import PromptRequest, Usage, estimate_tokens
+from opencortex.llm.base import PromptRequest, Thinking, Usage, estimate_tokens
 from opencortex.llm.failures import Failure, connection_failure, status_failure
-from opencortex.llm.provider import (THINKING, ProviderBackend, StreamCut, Thinking,
-                                    connection_reached, event_stream)
+from opencortex.llm.provider import (ProviderBackend, StreamCut, connection_reached,
+                                    event_stream)
 from opencortex.llm.reported import Malformed
 from opencortex.llm.routing import ModelChoice
 from opencortex.llm.settings import OFFICIAL_OPENAI_URL, LLMSettings
@@ -35,9 +35,9 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "content_filter": "r
                 "tool_calls": "tool_use", "function_call": "tool_use"}
 
 
-def _parts(chunk: Any) -> tuple[Any, str, str | None, bool]:
+def _parts(chunk: Any) -> tuple[Any, str, str | None, str]:
     """CHUNK's usage (None when it has none), its text ("" for none), its finish reason
-    and whether it carries a reasoning model's thinking; Malformed when the server wrote
+    and the reasoning model's thinking it carries ("" for none); Malformed when the server wrote
     any of the first three as other JSON than the API's (the SDK builds a chunk
     unchecked)."""
     from openai.types.chat.chat_completion_chunk import ChatCompletionChunk, Choice, ChoiceDelta
@@ -48,7 +48,7 @@ def _parts(chunk: Any) -> tuple[Any, str, str | None, bool]:
     if usage is not None and not isinstance(usage, CompletionUsage):
         raise Malformed("a chunk's usage is not a JSON object")
     if not choices:
-        return usage, "", None, False
+        return usage, "", None, ""
     first = choices[0] if isinstance(choices, list) else None
     if not isinstance(first, Choice):
         raise Malformed("a chunk's choices are not a list of objects")
@@ -60,14 +60,15 @@ def _parts(chunk: Any) -> tuple[Any, str, str | None, bool]:
             reported.reason(first.finish_reason, "finish_reason"), _thinks(delta))
 
 
-def _thinks(delta: Any) -> bool:
-    """Whether DELTA carries thinking: `reasoning_content` (llama.cpp, vLLM, DeepSeek) or
-    `reasoning` (Ollama, OpenRouter), fields outside the API that those servers add."""
+def _thinks(delta: Any) -> str:
+    """The thinking DELTA carries ("" for none): `reasoning_content` (llama.cpp, vLLM,
+    DeepSeek) or `reasoning` (Ollama, OpenRouter), fields outside the API that those
+    servers add (anything but text there is no thinking)."""
     extra = getattr(delta, "model_extra", None)
     if not extra:
-        return False
+        return ""
     thought = extra.get("reasoning_content") or extra.get("reasoning")
-    return thought.__class__ is str and bool(thought)
+    return thought if thought.__class__ is str else ""
 
 
 def needs_key(base_url: str) -> bool:
@@ -112,7 +113,7 @@ class OpenAICompatibleBackend(ProviderBackend):
         return params
 
     async def _events(self, client: Any, request: PromptRequest,
-                      choice: ModelChoice) -> AsyncIterator[str | Usage | Thinking]:
+                      choice: ModelChoice) -> AsyncIterator[str | Thinking | Usage]:
         stream = await self._create(client, request, choice)
         finish: str | None = None
         counted = None
@@ -120,14 +121,14 @@ class OpenAICompatibleBackend(ProviderBackend):
         length = 0
         try:
             async for chunk in stream:
-                usage, text, finished, thinks = _parts(chunk)
+                usage, text, finished, thought = _parts(chunk)
                 if usage is not None:
                     counted = usage
+                if thought:
+                    yield Thinking(thought)
                 if text:
                     length += len(text)
                     yield text
-                elif thinks:
-                    yield THINKING
                 finish = finished or finish
                 model = reported.name(chunk.model) or model
         finally:

@@ -6,7 +6,10 @@ a `Failure`).  This class turns them into the Backend contract:
 
 - the model, output cap and temperature come from the model table (`routing.py`);
 - no text within `first_chunk_timeout`, or a pause over `stall_timeout` once text
-  (or a reasoning model's thinking, `THINKING`) flows → STREAM_TIMEOUT;
+  (or a reasoning model's thinking, `Thinking`) flows → STREAM_TIMEOUT;
+- the thinking's text is passed on (the first piece of each attempt `fresh`: a
+  retry thinks anew); it is not text of the reply, so a failure while only
+  thinking came is retried as one before any text;
 - a retryable failure (429, 529, 5xx) before the first chunk is retried at most
   `retries` times with exponential backoff, honouring `retry-after`;
 - a failure after the first chunk is never retried (the text is already shown):
@@ -27,7 +30,7 @@ import warnings
 from typing import Any, AsyncIterator
 
 from opencortex.error_place import unexpected
-from opencortex.llm.base import Backend, LLMError, PromptRequest, Usage
+from opencortex.llm.base import Backend, LLMError, PromptRequest, Thinking, Usage
 from opencortex.llm.cost import estimate_cost
 from opencortex.llm.failures import Failure, Provider, cut_midway, missing_key
 from opencortex.llm.reported import Malformed
@@ -79,14 +82,6 @@ def event_stream(response: Any) -> None:
                         "the way, and does the server stream?")
 
 
-class Thinking:
-    """What `_events` yields for a piece of a reasoning model's thinking: no text of
-    the reply (neither shown nor kept), but a sign that the stream is alive."""
-
-
-THINKING = Thinking()
-
-
 class _Failed(Exception):
     """Internal: one attempt failed after CHUNKS chunks."""
 
@@ -127,7 +122,8 @@ class ProviderBackend(Backend):
     @abc.abstractmethod
     def _events(self, client: Any, request: PromptRequest,
                 choice: ModelChoice) -> AsyncIterator[str | Usage | Thinking]:
-        """Text chunks (and THINKING while a reasoning model thinks), then one Usage;
+        """Text chunks (and `Thinking` while a reasoning model thinks: its text, or
+        THINKING when there is none to show), then one Usage;
         raise StreamCut when the stream ends early."""
 
     @abc.abstractmethod
@@ -146,7 +142,7 @@ class ProviderBackend(Backend):
     def model_for(self, request: PromptRequest) -> str:
         return self.choice_for(request).model
 
-    async def stream(self, request: PromptRequest) -> AsyncIterator[str | Usage]:
+    async def stream(self, request: PromptRequest) -> AsyncIterator[str | Thinking | Usage]:
         if self.key_missing:
             raise missing_key(self.provider)
         choice = self.choice_for(request)
@@ -191,13 +187,13 @@ class ProviderBackend(Backend):
         return delay * random.uniform(0.5, 1.0)
 
     async def _attempt(self, client: Any, request: PromptRequest,
-                       choice: ModelChoice) -> AsyncIterator[str | Usage]:
+                       choice: ModelChoice) -> AsyncIterator[str | Thinking | Usage]:
         settings = self.settings
         started = time.perf_counter()
         first_chunk_s: float | None = None
         chunks = 0
         usage: Usage | None = None
-        thinking = False
+        thinking = thought = False          # thinking came; some of it was passed on
         events = self._events(client, request, choice)
         watch = StallWatch(settings.first_chunk_timeout)
         try:
@@ -215,10 +211,13 @@ class ProviderBackend(Backend):
                             watch.change(settings.stall_timeout)
                         chunks += 1
                         yield item
-                elif item is THINKING:   # the model works: from now on a pause is a stall
+                elif item.__class__ is Thinking:   # the model works: a pause is a stall
                     if not thinking and not chunks:
-                        thinking = True
                         watch.change(settings.stall_timeout)
+                    thinking = True
+                    if item.text:
+                        yield Thinking(item.text, fresh=not thought)
+                        thought = True
                 else:
                     usage = item
         except asyncio.CancelledError as cancelled:

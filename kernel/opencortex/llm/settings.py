@@ -15,7 +15,8 @@ This module imports nothing of opencortex, so `config.py` can hold one
     retry_base_delay = 1.0   # backoff: 1 s, 2 s, 4 s … (with jitter) unless retry-after says
     retry_max_wait = 20      # a retry-after longer than this is not waited for
 
-    [llm.anthropic]          # model, base_url (else $ANTHROPIC_BASE_URL), api_key_env, prompt_cache
+    [llm.anthropic]          # model, base_url (else $ANTHROPIC_BASE_URL), api_key_env, prompt_cache,
+                             # thinking ("adaptive", "disabled" or a budget of tokens)
     [llm.openai]             # model, base_url (else $OPENAI_BASE_URL), api_key_env, stream_usage
 
     [[llm.models]]           # who is asking decides the model (see routing.py)
@@ -34,7 +35,7 @@ This module imports nothing of opencortex, so `config.py` can hold one
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
@@ -57,6 +58,9 @@ class AnthropicSettings(BaseModel):
     base_url: str | None = None  # default: $ANTHROPIC_BASE_URL, else the SDK's own
     api_key_env: str = "ANTHROPIC_API_KEY"
     prompt_cache: bool = True  # mark the system prompt (mandate, formats, persona) cacheable
+    # Claude's thinking: "adaptive" (it decides), "disabled", or a budget of tokens (at
+    # least 1,024, below the reply's max_tokens); unset: the model's own default.
+    thinking: Literal["adaptive", "disabled"] | Annotated[int, Field(ge=1024)] | None = None
 
 
 class OpenAISettings(BaseModel):

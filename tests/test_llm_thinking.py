@@ -1,0 +1,153 @@
+"""A reasoning model's thinking, through the real SDKs against the fake provider: its
+words come as `Thinking` (never text of the reply), keep the stream alive, start
+anew on a retried request, and Claude's `thinking` setting is sent as the API
+documents it.
+
+Before, Claude's thinking blocks were read as silence: a model thinking longer
+than `first_chunk_timeout` failed the turn with STREAM_TIMEOUT, and no
+backend passed a reasoning model's words on.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from opencortex.llm import LLMError, Thinking, Usage
+from opencortex.llm.settings import AnthropicSettings, LLMSettings
+
+from llm_fakes import Reply
+from test_llm_malformed import anthropic_events, openai_events, stream, thinking
+from test_llm_providers import FAST, collect, fake, fresh_queue, loop, make  # noqa: F401
+
+TEXT = "Hello there"
+THOUGHTS = ["Let me see: ", "the person says hello.\n", "* not a heading\n#+end_thinking"]
+
+
+def claude_thinking(thoughts: list[str], *, redacted: bool = False, then_text: bool = True,
+                    error: str | None = None) -> list[tuple[str | None, str]]:
+    """A Messages stream as the API documents it with thinking on: a thinking block of
+    THOUGHTS (its signature last; REDACTED: a redacted block instead), then the text
+    block, unless THEN_TEXT is false and ERROR names the error event that ends it."""
+    events = anthropic_events(TEXT)
+    start, text_block = events[0], events[1:4]
+    block: list[tuple[str, object]]
+    if redacted:
+        block = [("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "redacted_thinking",
+                                                            "data": "EmwKAhgBEgy3va"}})]
+    else:
+        block = [("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "thinking", "thinking": "",
+                                                            "signature": ""}})]
+        block += [("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                           "delta": {"type": "thinking_delta", "thinking": t}})
+                  for t in thoughts]
+        block += [("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                           "delta": {"type": "signature_delta",
+                                                     "signature": "EqQBCgIYAhIM1gbcDa9GJwZA"}})]
+    block += [("content_block_stop", {"type": "content_block_stop", "index": 0})]
+    if not then_text:
+        ended = [("error", {"type": "error", "error": {"type": error or "overloaded_error",
+                                                        "message": "Overloaded"}})]
+        return [(event, json.dumps(data)) for event, data in [start, *block, *ended]]
+    for _, data in text_block:
+        data["index"] = 1
+    return [(event, json.dumps(data)) for event, data in [start, *block, *text_block,
+                                                           *events[4:]]]
+
+
+def split(items: list) -> tuple[str, list[Thinking]]:
+    """The reply's text and the Thinking items among ITEMS (a Usage last)."""
+    assert isinstance(items[-1], Usage)
+    return ("".join(item for item in items[:-1] if isinstance(item, str)),
+            [item for item in items if isinstance(item, Thinking)])
+
+
+def test_claudes_thinking_comes_as_thinking_never_as_text(make, fake, loop):
+    fake.push(Reply(raw=claude_thinking(THOUGHTS)))
+    text, thoughts = split(collect(loop, make("anthropic")))
+    assert text == TEXT
+    assert [t.text for t in thoughts] == THOUGHTS
+    assert [t.fresh for t in thoughts] == [True, False, False]
+
+
+def test_claude_thinking_longer_than_the_first_chunk_timeout_is_not_a_stall(make, fake, loop):
+    """1.2 s of thinking before any text, first_chunk_timeout 0.5 s: before, STREAM_TIMEOUT."""
+    quick = FAST.model_copy(update={"first_chunk_timeout": 0.5, "stall_timeout": 1.0})
+    fake.push(Reply(raw=claude_thinking(["hmm, "] * 10), delay=0.1))
+    text, thoughts = split(collect(loop, make("anthropic", quick)))
+    assert text == TEXT and len(thoughts) == 10
+
+
+def test_a_redacted_thinking_block_keeps_the_stream_alive_with_nothing_to_show(make, fake,
+                                                                             loop):
+    fake.push(Reply(raw=claude_thinking([], redacted=True)))
+    text, thoughts = split(collect(loop, make("anthropic")))
+    assert text == TEXT and thoughts == []
+
+
+def test_a_retried_request_thinks_anew(make, fake, loop):
+    """Overloaded after some thinking and before any text: retried (nothing of the reply
+    was shown), and the retry's first thought is fresh, so the earlier one goes."""
+    fake.push(Reply(raw=claude_thinking(["first try"], then_text=False)),
+              Reply(raw=claude_thinking(["second ", "try"])))
+    text, thoughts = split(collect(loop, make("anthropic")))
+    assert text == TEXT
+    assert [(t.text, t.fresh) for t in thoughts] == [("first try", True), ("second ", True),
+                                                     ("try", False)]
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_a_servers_reasoning_field_comes_as_thinking(field, make, fake, loop):
+    fake.push(Reply(raw=thinking(field, 3) + stream("openai").raw))
+    text, thoughts = split(collect(loop, make("openai")))
+    assert text == TEXT
+    assert [(t.text, t.fresh) for t in thoughts] == [("hmm, ", True), ("hmm, ", False),
+                                                     ("hmm, ", False)]
+
+
+def test_reasoning_that_is_not_text_is_no_thinking(make, fake, loop):
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"reasoning_content": {"a": 1}},
+                          "finish_reason": None}]}
+    fake.push(Reply(raw=[(None, json.dumps(chunk))] + stream("openai").raw))
+    text, thoughts = split(collect(loop, make("openai")))
+    assert text == TEXT and thoughts == []
+
+
+def test_thinking_and_text_in_one_chunk_are_both_read(make, fake, loop):
+    events = openai_events(TEXT)
+    events[0][1]["choices"][0]["delta"]["reasoning_content"] = "so: "
+    fake.push(Reply(raw=[(e, json.dumps(d)) for e, d in events] + [(None, "[DONE]")]))
+    text, thoughts = split(collect(loop, make("openai")))
+    assert text == TEXT and [t.text for t in thoughts] == ["so: "]
+
+
+@pytest.mark.parametrize("setting, sent", [
+    (None, None), ("adaptive", {"type": "adaptive"}), ("disabled", {"type": "disabled"}),
+    (2048, {"type": "enabled", "budget_tokens": 2048})])
+def test_claudes_thinking_setting_is_sent_as_the_api_documents_it(setting, sent, make, fake,
+                                                                  loop):
+    settings = FAST.model_copy(update={"anthropic": AnthropicSettings(thinking=setting)})
+    fake.push(Reply(raw=claude_thinking(["ok"])))
+    collect(loop, make("anthropic", settings))
+    assert fake.requests[-1].body.get("thinking") == sent
+
+
+@pytest.mark.parametrize("value", [1023, 0, "on", "enabled", True])
+def test_a_thinking_setting_the_api_would_refuse_is_a_configuration_error(value):
+    with pytest.raises(ValidationError):
+        LLMSettings.model_validate({"anthropic": {"thinking": value}})
+
+
+def test_a_thinking_delta_that_is_not_text_is_a_clear_failure(make, fake, loop):
+    raw = claude_thinking(["ok"])
+    raw[2] = (raw[2][0], raw[2][1].replace('"thinking": "ok"', '"thinking": 5'))
+    fake.push(*[Reply(raw=raw)] * (FAST.retries + 1))
+    with pytest.raises(LLMError) as caught:
+        collect(loop, make("anthropic"))
+    assert caught.value.code == "LLM_UNAVAILABLE"
