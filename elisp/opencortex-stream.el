@@ -18,6 +18,15 @@
 ;; fast model costs at most ~30 buffer updates a second.  "reset" removes the
 ;; region (the reply was rejected and a retry streams anew); "end" replaces
 ;; the region with the final text; "abort" removes it and shows the reason.
+;;
+;; A reasoning model's thinking ("thinking" events) streams into a block of
+;; its own above the reply, `#+begin_thinking' ... `#+end_thinking', drawn
+;; line by line: what the model wrote is made inert there (controls
+;; visible, org links broken, no line that org would read as a heading or
+;; that could end the block), and the line still streaming is drawn again
+;; as it grows.  When the reply comes the block is folded (or removed, or
+;; never shown: `opencortex-show-thinking'); "reset" and "abort" remove it
+;; with the text.
 
 ;;; Code:
 
@@ -29,6 +38,22 @@
   "Least time in seconds between two updates of the chat buffer by a stream."
   :type 'number
   :group 'opencortex)
+
+(defcustom opencortex-show-thinking t
+  "Whether a reasoning model's thinking shows in the chat buffer.
+t: it streams into a thinking block above the reply, folded once the
+reply comes (TAB on its first line unfolds it); `streaming': shown
+while it streams, removed when the reply comes; nil: never shown.
+Thinking is never archived nor sent to the model again."
+  :type '(choice (const :tag "Kept, folded" t)
+                 (const :tag "Only while the model thinks" streaming)
+                 (const :tag "Never" nil))
+  :group 'opencortex)
+
+(defconst opencortex--thinking-line-limit 1000
+  "Characters of the thinking line still streaming redrawn as it grows, at most.
+A longer line is broken there, so a model thinking without line breaks
+costs each update a bounded redraw, not one growing with all it thought.")
 
 (defvar opencortex--turns-in-flight (make-hash-table :test #'equal)
   "Turn ids (strings) of the turns that have started and not ended.")
@@ -50,8 +75,17 @@
 
 (cl-defstruct (opencortex--stream (:constructor opencortex--make-stream (turn-id))
                                   (:copier nil))
-  "The streamed region of one turn."
-  turn-id start end pending)
+  "The streamed region of one turn, and its THINKING block (or nil)."
+  turn-id start end pending thinking)
+
+(cl-defstruct (opencortex--thinking (:constructor opencortex--make-thinking)
+                                    (:copier nil))
+  "The thinking block of a turn, and what of it is still to be drawn.
+Markers: START (its first line), TAIL (where the line still streaming is
+drawn), STOP (before its end line) and CLOSE (after it).  LINE is the raw
+text of the line still streaming; PENDING, pieces not yet drawn (newest
+first)."
+  start tail stop close (line "") pending)
 
 ;;;; Turns
 
@@ -115,15 +149,110 @@
          (opencortex--changed beg (point)))))))
 
 (defun opencortex--flush-streams ()
-  "Write all pending streamed text into the buffer now."
+  "Write all pending streamed text (and thinking) into the buffer now."
   (when (timerp opencortex--flush-timer)
     (cancel-timer opencortex--flush-timer))
   (setq opencortex--flush-timer nil
         opencortex--last-flush (float-time))
   (maphash (lambda (_ stream)
+             (let ((thinking (opencortex--stream-thinking stream)))
+               (when (and thinking (opencortex--thinking-pending thinking))
+                 (opencortex--thinking-write thinking)))
              (when (opencortex--stream-pending stream)
                (opencortex--stream-write stream)))
            opencortex--streams))
+
+;;;; Thinking blocks
+
+(defun opencortex--thinking-inert (text)
+  "TEXT, lines a model thought, as the inside of a thinking block.
+Controls become visible and org links are broken; a line starting with
+\"*\" gets a space before it (a list item or text, never a heading), and
+one that org would read as a keyword or block line (\"#+\", maybe
+indented or after commas) gets org's comma escape, so nothing inside
+can end the block."
+  (let* ((text (opencortex--break-links (opencortex--visible text)))
+         (text (replace-regexp-in-string "^\\*" " *" text t t)))
+    (replace-regexp-in-string "^\\([ \t]*\\)\\(,*#\\+\\)" "\\1,\\2" text t)))
+
+(defun opencortex--thinking-live-p (thinking)
+  "Whether THINKING has a block in the live chat buffer."
+  (let ((start (opencortex--thinking-start thinking)))
+    (and (markerp start)
+         (eq (marker-buffer start) (get-buffer opencortex-chat-buffer-name)))))
+
+(defun opencortex--thinking-open (thinking)
+  "Draw THINKING's block, empty, at the output position."
+  (opencortex--fresh-line)
+  (when (opencortex--stream-end-at-p (point))
+    (insert (opencortex--read-only "\n")))
+  (setf (opencortex--thinking-start thinking) (point-marker))
+  (insert (opencortex--read-only "#+begin_thinking\n"))
+  (setf (opencortex--thinking-tail thinking) (point-marker)
+        (opencortex--thinking-stop thinking) (point-marker))
+  (insert (opencortex--read-only "#+end_thinking\n"))
+  (setf (opencortex--thinking-close thinking) (point-marker)))
+
+(defun opencortex--thinking-write (thinking)
+  "Draw the pending pieces of THINKING.
+Whole lines are drawn once, the line still streaming again as it grows."
+  (let* ((raw (apply #'concat (opencortex--thinking-line thinking)
+                     (nreverse (opencortex--thinking-pending thinking))))
+         (cut (and (string-match "\n[^\n]*\\'" raw) (1+ (match-beginning 0))))
+         (lines (if cut (substring raw 0 cut) ""))
+         (line (if cut (substring raw cut) raw)))
+    (while (> (length line) opencortex--thinking-line-limit)
+      (setq lines (concat lines (substring line 0 opencortex--thinking-line-limit) "\n")
+            line (substring line opencortex--thinking-line-limit)))
+    (setf (opencortex--thinking-pending thinking) nil
+          (opencortex--thinking-line thinking) line)
+    (opencortex--with-output
+     (lambda ()
+       (unless (opencortex--thinking-live-p thinking)
+         (opencortex--thinking-open thinking))
+       (let ((tail (opencortex--thinking-tail thinking))
+             (stop (opencortex--thinking-stop thinking)))
+         (goto-char tail)
+         (delete-region tail stop)
+         (insert (opencortex--read-only (opencortex--thinking-inert lines)))
+         (set-marker tail (point))
+         (unless (string-empty-p line)
+           (insert (opencortex--read-only (concat (opencortex--thinking-inert line) "\n"))))
+         (set-marker stop (point))
+         (cl-incf opencortex--stream-updates)
+         (opencortex--changed (marker-position (opencortex--thinking-start thinking))
+                              (marker-position (opencortex--thinking-close thinking))))))))
+
+(defun opencortex--thinking-end (thinking remove)
+  "Fold THINKING's block, its turn done; with REMOVE delete it.
+It is deleted too unless `opencortex-show-thinking' is t."
+  (when (opencortex--thinking-live-p thinking)
+    (let ((start (opencortex--thinking-start thinking))
+          (close (opencortex--thinking-close thinking)))
+      (opencortex--with-output
+       (lambda ()
+         (if (or remove (not (eq opencortex-show-thinking t)))
+             (delete-region start close)
+           (goto-char start)
+           (org-hide-block-toggle t t))))
+      (mapc (lambda (marker) (set-marker marker nil))
+            (list start close (opencortex--thinking-tail thinking)
+                  (opencortex--thinking-stop thinking))))))
+
+(defun opencortex--on-thinking (turn-id text)
+  "Queue, for the turn TURN-ID, the streamed TEXT of its model's thinking."
+  (opencortex--turn-started turn-id)
+  (when opencortex-show-thinking
+    (let* ((known (gethash turn-id opencortex--streams))
+           (stream (or known (puthash turn-id (opencortex--make-stream turn-id)
+                                      opencortex--streams)))
+           (thinking (or (opencortex--stream-thinking stream)
+                         (setf (opencortex--stream-thinking stream)
+                               (opencortex--make-thinking)))))
+      (push text (opencortex--thinking-pending thinking))
+      (if (opencortex--thinking-live-p thinking)
+          (opencortex--schedule-flush)
+        (opencortex--flush-streams)))))
 
 (defun opencortex--schedule-flush ()
   "Write pending text now if the last update is an interval old, else later."
@@ -136,11 +265,15 @@
 
 (defun opencortex--close-stream (turn-id &optional remove)
   "Forget the streamed region of TURN-ID; with REMOVE delete its text.
-Return the region's start position when it was live, else nil."
+REMOVE deletes its thinking too; else the thinking is folded (see
+`opencortex--thinking-end').  Return the region's start position when
+it was live, else nil."
   (let ((stream (gethash turn-id opencortex--streams))
         start)
     (when stream
       (remhash turn-id opencortex--streams)
+      (when (opencortex--stream-thinking stream)
+        (opencortex--thinking-end (opencortex--stream-thinking stream) remove))
       (when (opencortex--stream-live-p stream)
         (setq start (marker-position (opencortex--stream-start stream)))
         (when remove
@@ -168,7 +301,10 @@ written a moment ago; the rest are coalesced."
 (defun opencortex--on-end (turn-id text)
   "End TURN-ID: its streamed region becomes TEXT (nothing when TEXT is empty)."
   (let* ((stream (gethash turn-id opencortex--streams))
+         (thinking (and stream (opencortex--stream-thinking stream)))
          (live (and stream (opencortex--stream-live-p stream))))
+    (when (and thinking (opencortex--thinking-pending thinking))
+      (opencortex--thinking-write thinking))
     (if live
         (opencortex--with-output
          (lambda ()
@@ -194,15 +330,17 @@ written a moment ago; the rest are coalesced."
 
 (defun opencortex--handle-stream (turn-id kind text)
   "Method `opencortex-stream': an event of the turn TURN-ID.
-KIND \"chunk\" appends the streamed TEXT, \"reset\" removes what was
-streamed (a rejected reply; a retry follows), \"end\" replaces it with
-the final TEXT, \"abort\" removes it and shows TEXT as an error."
+KIND \"chunk\" appends the streamed TEXT, \"thinking\" the model's streamed
+thinking, \"reset\" removes what was streamed (a rejected reply, or a
+request asked again; a retry follows), \"end\" replaces it with the final
+TEXT, \"abort\" removes it and shows TEXT as an error."
   (opencortex--check-string turn-id "turn-id")
   (opencortex--check-string text "text")
   (let ((kind (if (symbolp kind) (symbol-name kind) kind)))
     (unless (opencortex--turn-finished-p turn-id)
       (pcase kind
         ("chunk" (opencortex--on-chunk turn-id text))
+        ("thinking" (opencortex--on-thinking turn-id text))
         ("reset" (opencortex--close-stream turn-id t))
         ("end" (opencortex--on-end turn-id text))
         ("abort" (opencortex--on-abort turn-id text))

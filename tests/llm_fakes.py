@@ -36,6 +36,7 @@ class Reply:
     """What the fake provider answers to one request."""
 
     chunks: list[str] = field(default_factory=lambda: ["Hel", "lo"])
+    thinking: list[str] = field(default_factory=list)  # streamed first: a reasoning model's
     status: int = 200  # not 200: a JSON error body instead of a stream
     error_type: str = ""  # error.type of the error body or event
     error_code: str | None = None  # error.details.error_code (Anthropic) / error.code (OpenAI)
@@ -186,22 +187,37 @@ class FakeProvider:
         await out.write(_sse("message_start", {"type": "message_start", "message": {
             "id": "msg_fake", "type": "message", "role": "assistant", "model": model,
             "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}}))
+        index = 0
+        if reply.thinking:           # a thinking block, its signature last, then the text's
+            await out.write(_sse("content_block_start", {
+                "type": "content_block_start", "index": 0,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+            for thought in reply.thinking:
+                await out.write(_sse("content_block_delta", {
+                    "type": "content_block_delta", "index": 0,
+                    "delta": {"type": "thinking_delta", "thinking": thought}}))
+            await out.write(_sse("content_block_delta", {
+                "type": "content_block_delta", "index": 0,
+                "delta": {"type": "signature_delta", "signature": "EqQBCgIYAhIM"}}))
+            await out.write(_sse("content_block_stop", {"type": "content_block_stop",
+                                                         "index": 0}))
+            index = 1
         await out.write(_sse("content_block_start", {
-            "type": "content_block_start", "index": 0,
+            "type": "content_block_start", "index": index,
             "content_block": {"type": "text", "text": ""}}))
         await out.write(_sse("ping", {"type": "ping"}))
         for number, text in enumerate(reply.chunks):
             if await self._interrupt(reply, number, request, out, anthropic=True):
                 return await out.flush()
             await out.write(_sse("content_block_delta", {
-                "type": "content_block_delta", "index": 0,
+                "type": "content_block_delta", "index": index,
                 "delta": {"type": "text_delta", "text": text}}))
         if await self._interrupt(reply, len(reply.chunks), request, out, anthropic=True):
             return await out.flush()
         if reply.no_stop:
             return await out.flush()
         await out.write(_sse("content_block_stop", {"type": "content_block_stop",
-                                                         "index": 0}))
+                                                         "index": index}))
         await out.write(_sse("message_delta", {
             "type": "message_delta",
             "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None},
@@ -278,6 +294,8 @@ class FakeProvider:
                 {"index": 0, "delta": delta, "finish_reason": finish}]})
 
         await out.write(choice({"role": "assistant", "content": ""}))
+        for thought in reply.thinking:   # as llama.cpp, vLLM and DeepSeek write it
+            await out.write(choice({"reasoning_content": thought}))
         for number, text in enumerate(reply.chunks):
             if await self._interrupt(reply, number, request, out, anthropic=False):
                 return await out.flush()

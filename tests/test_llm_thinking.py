@@ -151,3 +151,13 @@ def test_a_thinking_delta_that_is_not_text_is_a_clear_failure(make, fake, loop):
     with pytest.raises(LLMError) as caught:
         collect(loop, make("anthropic"))
     assert caught.value.code == "LLM_UNAVAILABLE"
+
+
+def test_a_thinking_budget_above_the_replys_cap_is_a_clear_error_before_any_request(make,
+                                                                                   fake, loop):
+    settings = FAST.model_copy(update={"max_tokens": 2048,
+                                       "anthropic": AnthropicSettings(thinking=4096)})
+    with pytest.raises(LLMError) as caught:
+        collect(loop, make("anthropic", settings))
+    assert "thinking = 4096" in caught.value.message and "2048" in caught.value.message
+    assert fake.requests == []

@@ -368,6 +368,50 @@ def test_piped_output_shows_no_preview_and_no_indicator():
     assert out.getvalue() == "hi␛]0;x␇\n" and err.getvalue() == ""
 
 
+def test_a_reasoning_models_thinking_takes_the_indicators_place_dim_and_inert():
+    out, err = io.StringIO(), io.StringIO()
+    display = TerminalOutput(out, err, live=True, color=True)
+    view = display.begin(thinking=True)
+    view.on_thinking("Let me think\x1b[2J", True)
+    view.on_thinking(" more.", False)
+    view.on_chunk('(:type :request :target :cli :text "Hi")')
+    view.on_reply_done()
+    display.deliver("Hi")
+    display.end(view)
+    assert out.getvalue() == ("\x1b[2mthinking…\x1b[22m\r\x1b[K\x1b[2mLet me think␛[2J\x1b[22m"
+                              "\x1b[2m more.\x1b[22m\nHi\n")
+    assert err.getvalue() == ""
+
+
+def test_thinking_is_not_shown_piped_or_when_turned_off():
+    for live, shown in ((False, True), (True, False)):
+        out, err = io.StringIO(), io.StringIO()
+        display = TerminalOutput(out, err, live=live, color=False, thoughts=shown)
+        view = display.begin(thinking=True)
+        view.on_thinking("secret plans", True)
+        view.on_chunk('(:type :request :target :cli :text "Hi")')
+        view.on_reply_done()
+        display.deliver("Hi")
+        display.end(view)
+        assert "secret" not in out.getvalue() + err.getvalue()
+        assert out.getvalue().endswith("Hi\n")
+
+
+def test_the_next_step_thinks_on_a_line_of_its_own_without_a_retry_notice():
+    out, err = io.StringIO(), io.StringIO()
+    display = TerminalOutput(out, err, live=True, color=False)
+    view = display.begin(thinking=True)
+    view.on_thinking("first step", True)
+    view.on_reply_done()               # a tool call, say: no text to preview
+    view.on_thinking("second step", True)
+    view.on_chunk('(:type :request :target :cli :text "Done")')
+    view.on_reply_done()
+    display.deliver("Done")
+    display.end(view)
+    assert out.getvalue() == "thinking…\r\x1b[Kfirst step\nsecond step\nDone\n"
+    assert err.getvalue() == ""
+
+
 def test_status_line_names_every_figure():
     line = status_line({"turn": 3, "context-percent": 12.5, "cost-usd": 0.0012,
                         "cost-known": False, "latency-ms": 340.2, "backend": "echo",

@@ -59,6 +59,7 @@ class ChatSettings(BaseModel):
     buffer: str = DEFAULT_CHAT_BUFFER
     allowed_buffers: list[str] = Field(default_factory=list)
     history_chars: int = Field(default=1000, ge=100)
+    show_thinking: bool = True  # the terminal shows a reasoning model's thinking, dim, as it comes
 
 
 class ShellSettings(BaseModel):

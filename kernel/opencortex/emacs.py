@@ -143,10 +143,11 @@ class EmacsActuator(MessageActuator):
 class StreamRelay(TurnObserver):
     """Streams one turn's reply text into the chat buffer as it arrives.
 
-    Kinds sent to Emacs: "chunk" (more text), "reset" (a rejected reply's preview
-    goes; the retry streams anew), "end" (the verified reply, or "" to drop the
-    preview) and "abort" (the turn stopped; the text says why).  "end" or
-    "abort" is always the last event of a turn."""
+    Kinds sent to Emacs: "chunk" (more text), "thinking" (more of a reasoning
+    model's thinking), "reset" (a rejected reply's preview goes, or a request
+    asked again thinks anew; the retry streams anew), "end" (the verified reply,
+    or "" to drop the preview) and "abort" (the turn stopped; the text says
+    why).  "end" or "abort" is always the last event of a turn."""
 
     def __init__(self, link: EmacsLink, thread: Thread, turn_id: str, piece_bytes: int):
         self.link = link
@@ -154,24 +155,41 @@ class StreamRelay(TurnObserver):
         self.turn_id = turn_id
         self.piece_bytes = piece_bytes
         self.extractor = TextExtractor()
-        self.streamed = False
+        self.streamed = False       # this reply's text or thinking was sent
         self.reply_done = False
         self.ended = False
 
     def on_chunk(self, text: str) -> None:
         if self.reply_done:
-            self.reply_done = False
-            self.extractor = TextExtractor()
-            if self.streamed:
-                self.streamed = False
-                self.link.notify("opencortex-stream", self.turn_id, "reset", "")
+            self._next_reply()
         delta = self.extractor.feed(text)
         if delta:
-            self.streamed = True
-            # Turns of a thread run one at a time: the streaming one is the running one.
-            self.link.relays[self.thread] = self
-            for piece in split_utf8(delta, self.piece_bytes):
-                self.link.notify("opencortex-stream", self.turn_id, "chunk", piece)
+            self._send("chunk", delta)
+
+    def on_thinking(self, text: str, fresh: bool) -> None:
+        if self.reply_done:
+            self._next_reply()
+        elif fresh:
+            self._reset()
+        self._send("thinking", text)
+
+    def _next_reply(self) -> None:
+        """The model is asked again (a rejected reply): what it streamed goes."""
+        self.reply_done = False
+        self.extractor = TextExtractor()
+        self._reset()
+
+    def _reset(self) -> None:
+        if self.streamed:
+            self.streamed = False
+            self.link.notify("opencortex-stream", self.turn_id, "reset", "")
+
+    def _send(self, kind: str, text: str) -> None:
+        self.streamed = True
+        # Turns of a thread run one at a time: the streaming one is the running one.
+        self.link.relays[self.thread] = self
+        for piece in split_utf8(text, self.piece_bytes):
+            self.link.notify("opencortex-stream", self.turn_id, kind, piece)
 
     def on_reply_done(self) -> None:
         self.reply_done = True

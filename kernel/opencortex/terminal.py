@@ -61,7 +61,8 @@ async def run_chat(config: Config, thread: Thread, *, session: str | None = None
     """Chat on THREAD in this terminal until the person leaves; the exit status."""
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     output = TerminalOutput(sys.stdout, sys.stderr, live=interactive,
-                            color=interactive and not os.environ.get("NO_COLOR"))
+                            color=interactive and not os.environ.get("NO_COLOR"),
+                            thoughts=config.chat.show_thinking)
     kernel = build_kernel(config, writer=output.deliver)
     try:
         await kernel.start(wait=False)   # MCP servers: their tools join as each comes up

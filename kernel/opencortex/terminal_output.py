@@ -2,7 +2,9 @@
 
 A turn's reply streams while it arrives (the `:text` of the model's plist, see
 `opencortex.streaming`), after a dim "thinking…" that goes with the first
-word.  That preview is not the reply: the kernel reads and verifies the model's
+word; a reasoning model's own thinking, when it streams one, takes the
+indicator's place, dim, and the reply starts on a line of its own after it
+(`[chat] show_thinking = false`: only the indicator).  That preview is not the reply: the kernel reads and verifies the model's
 form, and its terminal actuator then hands what it accepted to
 `TerminalOutput.deliver` (the `writer` of `build_kernel`).  When that is what
 was streamed, the line is only finished; otherwise the preview is marked as not
@@ -38,11 +40,13 @@ class TerminalOutput:
     notices are shown); otherwise replies are printed as plain lines.  Replies go
     to OUT, the chat's own notices to ERR (the same terminal when live)."""
 
-    def __init__(self, out: TextIO, err: TextIO, *, live: bool, color: bool):
+    def __init__(self, out: TextIO, err: TextIO, *, live: bool, color: bool,
+                 thoughts: bool = True):
         self.out = out
         self.err = err
         self.live = live
         self.color = color
+        self.thoughts = live and thoughts   # a reasoning model's thinking is shown
         self.view: ReplyView | None = None
         self.above_prompt: Callable[[Callable[[], None]], None] | None = None
         self._at_line_start = True
@@ -78,6 +82,10 @@ class TerminalOutput:
     def text(self, text: str) -> None:
         """Model text, continuing the current line."""
         self._write(self.out, visible(text))
+
+    def thought(self, text: str) -> None:
+        """A model's thinking, dim, continuing the current line."""
+        self._write(self.out, self._dim(visible(text)))
 
     def block(self, text: str) -> None:
         """Text for the person on lines of its own (made visible: it may quote the model)."""
@@ -141,15 +149,28 @@ class ReplyView(TurnObserver):
         self.reply_done = False
         self.settled = False           # the first delivered text answered the preview
         self.delivered = False         # the kernel showed something for this turn
+        self.thought = False           # the current attempt's thinking is shown
 
     def on_chunk(self, text: str) -> None:
         if self.reply_done:
             self._retry()
         delta = self.extractor.feed(text)
         if delta and self.output.live:
+            if self.thought and not self.preview:
+                self.output.finish_line()      # the reply on a line of its own
             delta = visible(delta)
             self.preview.append(delta)
             self.output.text(delta)
+
+    def on_thinking(self, text: str, fresh: bool) -> None:
+        if not self.output.thoughts:
+            return
+        if self.reply_done:
+            self._retry()
+        if fresh and self.thought:             # asked again: its thinking on a new line
+            self.output.finish_line()
+        self.thought = True
+        self.output.thought(text)
 
     def on_reply_done(self) -> None:
         self.reply_done = True
@@ -162,6 +183,9 @@ class ReplyView(TurnObserver):
             self.preview.clear()
             self.output.notice(RETRYING)
             self.output.show_thinking()
+        elif self.thought:                     # a step of the tool loop, say: no preview
+            self.output.finish_line()
+        self.thought = False
 
     def deliver(self, text: str) -> None:
         """The kernel shows TEXT (visible) for this turn.  The first text is what it

@@ -81,6 +81,7 @@ class WireClient:
         self.waiting: str | None = None          # correlation id of the turn or command
         self.approval: dict[str, Any] | None = None
         self.streamed: list[str] = []            # chunks of the current attempt
+        self.thinking = False                    # a thought is shown, its line open
         self.attempt = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -160,7 +161,26 @@ class WireClient:
         if data.get("gap"):
             self.note("(some events of this session were lost while disconnected)")
 
+    def on_thinking(self, data: dict[str, Any]) -> None:
+        """A reasoning model's thinking, on stderr (stdout holds only replies)."""
+        text = data.get("text", "")
+        if not isinstance(text, str):
+            return
+        if data.get("fresh") and self.thinking:
+            self.err.write("\n")
+        self.thinking = True
+        self.err.write(visible(text))
+        self.err.flush()
+
+    def _thought(self) -> None:
+        """End the line of thinking shown, if one is."""
+        if self.thinking:
+            self.thinking = False
+            self.err.write("\n")
+            self.err.flush()
+
     def on_chunk(self, data: dict[str, Any]) -> None:
+        self._thought()
         attempt = data.get("attempt", 1)
         if attempt != self.attempt:
             if self.streamed:
@@ -172,6 +192,7 @@ class WireClient:
         self.write(visible(text))
 
     def on_message(self, data: dict[str, Any]) -> None:
+        self._thought()
         content = data.get("content", "")
         streamed = "".join(self.streamed)
         if streamed and not data.get("notice") and content == streamed:
@@ -186,6 +207,7 @@ class WireClient:
             self.settle(data.get("correlation_id"))
 
     def on_error(self, data: dict[str, Any]) -> None:
+        self._thought()
         if self.streamed:
             self.write("\n")
             self.streamed = []
@@ -201,6 +223,7 @@ class WireClient:
         self.idle.set()
 
     def on_done(self, data: dict[str, Any]) -> None:
+        self._thought()
         if data.get("status") == "aborted":
             if self.streamed:
                 self.write("\n")

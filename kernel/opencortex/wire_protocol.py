@@ -1,8 +1,9 @@
 """The ChatEvent wire's frames: what a client may send, what the kernel sends back.
 
-Version "1.0.0".  Every frame is one JSON object in one WebSocket text frame.
+Version "1.1.0" (1.1: the ``thinking`` event; a client ignores events it does not
+know).  Every frame is one JSON object in one WebSocket text frame.
 
-Client → kernel: ``{"action": A, "version": "1.0.0", "data": {...}}`` where A is
+Client → kernel: ``{"action": A, "version": "1.1.0", "data": {...}}`` where A is
 - ``auth``: ``token`` (unless given in the ``Authorization: Bearer`` header),
   optional ``session_id`` and ``last_sequence`` to resume a session;
 - ``message``: ``content``, optional ``mode`` ("chat", the only one),
@@ -27,11 +28,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-VERSION = "1.0.0"
+VERSION = "1.1.0"
 MAJOR = VERSION.split(".", 1)[0]
 
 ACTIONS = ("auth", "message", "abort", "approve", "deny", "command")
-EVENTS = ("session", "chunk", "message", "error", "approval", "status", "done", "heartbeat")
+EVENTS = ("session", "chunk", "thinking", "message", "error", "approval", "status", "done",
+          "heartbeat")
 ERROR_CODES = ("RATE_LIMITED", "STREAM_TIMEOUT", "LLM_UNAVAILABLE", "INVALID_MESSAGE",
                "SESSION_EXPIRED", "TURN_FAILED")
 MODES = ("chat",)

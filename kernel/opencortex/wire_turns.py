@@ -14,7 +14,9 @@ turn they hand over to what served "cli" before (the terminal printer).
   at once, then at most one event per `coalesce_seconds` (more only when
   `max_chars` characters are waiting); the last chunk of an attempt says
   ``final: true``; a retry after a rejected reply streams anew with the next
-  ``attempt`` number.
+  ``attempt`` number.  A reasoning model's thinking comes the same way as
+  ``thinking`` events (``text``, ``attempt``, ``fresh``: the model thinks anew,
+  what was shown of its thinking goes), coalesced apart from the words.
 - `WireActuator` keeps what the kernel says during the turn; the service sends
   it as ``message`` / ``error`` events when the turn ends, when the tokens it
   used are known.
@@ -80,7 +82,8 @@ class TurnContext:
 
 
 class ChunkStream(TurnObserver):
-    """The reply's words as ``chunk`` events, coalesced."""
+    """The reply's words as ``chunk`` events, and the model's thinking as ``thinking``
+    events, coalesced (what is pending is of one KIND: the other flushes it first)."""
 
     def __init__(self, turn: TurnContext, *, coalesce_seconds: float, max_chars: int):
         self.turn = turn
@@ -92,20 +95,41 @@ class ChunkStream(TurnObserver):
         self.reply_done = False
         self.streamed = False       # this attempt sent a chunk
         self.pending: list[str] = []
+        self.kind = "chunk"         # of what is pending
+        self.fresh = False          # the next thinking event starts the thinking anew
         self.timer: asyncio.TimerHandle | None = None
         self.pending_chars = 0
         self.last_flush = float("-inf")
 
     def on_chunk(self, text: str) -> None:
-        if self.reply_done:         # the reply was rejected: the retry streams anew
-            self.reply_done, self.streamed = False, False
-            self.attempt += 1
-            self.extractor = TextExtractor()
+        if self.reply_done:
+            self._next_attempt()
         delta = self.extractor.feed(text)
-        if not delta:
-            return
-        self.pending.append(delta)
-        self.pending_chars += len(delta)
+        if delta:
+            self._add("chunk", delta)
+
+    def on_thinking(self, text: str, fresh: bool) -> None:
+        if self.reply_done:
+            self._next_attempt()
+        if fresh:
+            if self.kind == "thinking" and self.pending:
+                self.flush()
+            self.fresh = True
+        self._add("thinking", text)
+
+    def _next_attempt(self) -> None:
+        """The reply was rejected (or the tool loop asks again): the next streams anew."""
+        self.reply_done, self.streamed = False, False
+        self.attempt += 1
+        self.extractor = TextExtractor()
+
+    def _add(self, kind: str, text: str) -> None:
+        if kind != self.kind:
+            if self.pending:
+                self.flush()
+            self.kind = kind
+        self.pending.append(text)
+        self.pending_chars += len(text)
         if self.timer is not None:
             if self.pending_chars >= self.max_chars:
                 self.flush()
@@ -118,6 +142,10 @@ class ChunkStream(TurnObserver):
 
     def on_reply_done(self) -> None:
         self.reply_done = True
+        if self.kind == "thinking":
+            if self.pending:
+                self.flush()
+            self.kind = "chunk"
         if self.pending or self.streamed:
             self.flush(final=True)
 
@@ -127,6 +155,12 @@ class ChunkStream(TurnObserver):
         self.last_flush = self.loop.time()
         text, self.pending, self.pending_chars = "".join(self.pending), [], 0
         pieces = [text[i:i + self.max_chars] for i in range(0, len(text), self.max_chars)]
+        if self.kind == "thinking":
+            for piece in pieces:
+                self.turn.emit("thinking", {"text": piece, "attempt": self.attempt,
+                                            "fresh": self.fresh})
+                self.fresh = False
+            return
         if final and not pieces:
             pieces = [""]
         for index, piece in enumerate(pieces):

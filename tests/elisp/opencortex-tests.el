@@ -255,6 +255,110 @@ update (before, it waited for the coalescing timer: ~35 ms between turns)."
     (should (eq (get-text-property (point) 'face) 'opencortex-error-face))
     (should (opencortex--turn-finished-p "t6"))))
 
+;;;; Thinking
+
+(defun opencortex-test--folded-p (position)
+  "Whether the text at POSITION of the chat buffer is hidden by a fold."
+  (with-current-buffer opencortex-chat-buffer-name
+    (invisible-p position)))
+
+(ert-deftest opencortex-thinking-streams-above-the-reply-and-folds-when-it-comes ()
+  "Thinking streams into a block of its own, line by line and the line still
+streaming redrawn as it grows; the reply comes below it, and the block folds."
+  (opencortex-test--with-chat
+    (opencortex-test--keeps-input
+      (opencortex--handle-stream "k1" "thinking" "The person says hel")
+      (should (equal (opencortex-test--transcript)
+                     "#+begin_thinking\nThe person says hel\n#+end_thinking\n"))
+      (opencortex--handle-stream "k1" "thinking" "lo.\nSo I gr")
+      (opencortex--handle-stream "k1" "thinking" "eet them.")
+      (opencortex--flush-streams)
+      (should (equal (opencortex-test--transcript)
+                     (concat "#+begin_thinking\nThe person says hello.\nSo I greet them.\n"
+                             "#+end_thinking\n")))
+      (opencortex--handle-stream "k1" "chunk" "Hel")
+      (opencortex--flush-streams)
+      (should (string-suffix-p "#+end_thinking\nHel" (opencortex-test--transcript)))
+      (opencortex--handle-stream "k1" "end" "* Hello\n"))
+    (should (equal (opencortex-test--transcript)
+                   (concat "#+begin_thinking\nThe person says hello.\nSo I greet them.\n"
+                           "#+end_thinking\n* Hello\n")))
+    (with-current-buffer opencortex-chat-buffer-name
+      (goto-char (point-min))
+      (should-not (opencortex-test--folded-p (point)))
+      (should (opencortex-test--folded-p (search-forward "So I greet")))
+      (should-not (opencortex-test--folded-p (search-forward "* Hello"))))
+    (should (= 0 (hash-table-count opencortex--streams)))
+    (should (opencortex--turn-finished-p "k1"))))
+
+(ert-deftest opencortex-thinking-cannot-end-its-block-or-make-a-heading ()
+  "A model's thinking is inert: no heading, no end of the block, no link, no
+control; split across pieces as a hostile server would split it."
+  (opencortex-test--with-chat
+    (dolist (piece '("* a heading?\n" "#" "+end_thinking\n" "  #+END_THINKING\n"
+                     ",#+begin_src\n" "[[elisp:(kill-emacs)][click]]\n" "\e[2Jcleared"))
+      (opencortex--handle-stream "k2" "thinking" piece)
+      (opencortex--flush-streams))
+    (opencortex--handle-stream "k2" "end" "* Reply\n")
+    (let ((text (opencortex-test--transcript)))
+      (should (= 1 (opencortex-test--count-matches "^[ \t]*#\\+end_thinking" text)))
+      (should (= 1 (opencortex-test--count-matches "^\\* " text)))
+      (should-not (string-search "[[elisp:" text))
+      (should-not (string-search "\e" text))
+      (should (string-search " * a heading?\n,#+end_thinking\n  ,#+END_THINKING\n,,#+begin_src"
+                             text)))
+    (with-current-buffer opencortex-chat-buffer-name
+      (goto-char (point-min))
+      (let ((block (org-element-at-point)))
+        (should (eq (org-element-type block) 'special-block))
+        (should (equal (org-element-property :type block) "thinking"))
+        (goto-char (org-element-property :end block))
+        (should (looking-at-p "\\* Reply"))))))
+
+(ert-deftest opencortex-thinking-without-line-breaks-is-redrawn-in-bounded-pieces ()
+  "A line of thinking longer than the limit is broken there: each update redraws
+at most that much, however long the model thinks without a line break."
+  (opencortex-test--with-chat
+    (let ((redrawn 0)
+          (limit opencortex--thinking-line-limit))
+      (add-hook 'opencortex-after-insert-hook
+                (lambda (&rest _)
+                  (setq redrawn (max redrawn (length (opencortex--thinking-line
+                                                      (opencortex--stream-thinking
+                                                       (gethash "k6" opencortex--streams))))))))
+      (dotimes (_ 50)
+        (opencortex--handle-stream "k6" "thinking" (make-string 97 ?x))
+        (opencortex--flush-streams))
+      (should (<= redrawn limit))
+      (opencortex--handle-stream "k6" "end" "* Done\n")
+      (let ((text (opencortex-test--transcript)))
+        (should (= (* 50 97) (opencortex-test--count "x" text)))
+        (should (string-search (concat "\n" (make-string limit ?x) "\n") text))))))
+
+(ert-deftest opencortex-thinking-goes-with-a-reset-and-an-abort ()
+  "A request asked again thinks anew, and an aborted turn keeps no thinking."
+  (opencortex-test--with-chat
+    (opencortex--handle-stream "k3" "thinking" "first try")
+    (opencortex--handle-stream "k3" "reset" "")
+    (opencortex--handle-stream "k3" "thinking" "second try")
+    (opencortex--flush-streams)
+    (should (equal (opencortex-test--transcript)
+                   "#+begin_thinking\nsecond try\n#+end_thinking\n"))
+    (opencortex--handle-stream "k3" "abort" "Turn aborted.")
+    (should-not (string-search "thinking" (opencortex-test--transcript)))))
+
+(ert-deftest opencortex-thinking-shown-as-the-person-chose ()
+  "`streaming' shows thinking until the reply comes; nil never shows it."
+  (opencortex-test--with-chat
+    (let ((opencortex-show-thinking 'streaming))
+      (opencortex--handle-stream "k4" "thinking" "hmm")
+      (should (string-search "hmm" (opencortex-test--transcript)))
+      (opencortex--handle-stream "k4" "end" "* One\n"))
+    (let ((opencortex-show-thinking nil))
+      (opencortex--handle-stream "k5" "thinking" "hidden")
+      (opencortex--handle-stream "k5" "end" "* Two\n"))
+    (should (equal (opencortex-test--transcript) "* One\n* Two\n"))))
+
 (ert-deftest opencortex-finished-turns-are-not-shown-twice ()
   "Events for a finished turn are ignored; a late acknowledgement does not revive it."
   (opencortex-test--with-chat

@@ -18,7 +18,8 @@ import os
 from typing import Any, AsyncIterator
 
 from opencortex.llm import reported
-from opencortex.llm.base import THINKING, PromptRequest, Thinking, Usage, estimate_tokens
+from opencortex.llm.base import (THINKING, LLMError, PromptRequest, Thinking, Usage,
+                                 estimate_tokens)
 from opencortex.llm.failures import Failure, connection_failure, status_failure
 from opencortex.llm.provider import ProviderBackend, StreamCut, connection_reached, event_stream
 from opencortex.llm.routing import ModelChoice
@@ -65,6 +66,11 @@ class AnthropicBackend(ProviderBackend):
                 params["system"] = request.system
         # No temperature: API version 2026-10-21 (SDK 2.x) refuses every sampling parameter.
         if isinstance(self.thinking, int):
+            if self.thinking >= choice.max_tokens:    # the API would refuse it (400)
+                raise LLMError("LLM_UNAVAILABLE", f"[llm.anthropic] thinking = {self.thinking} "
+                               f"needs a larger max_tokens than {choice.model}'s "
+                               f"{choice.max_tokens}: set [llm] max_tokens (or the model "
+                               "row's) above the thinking budget")
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking}
         elif self.thinking is not None:
             params["thinking"] = {"type": self.thinking}

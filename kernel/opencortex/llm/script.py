@@ -2,9 +2,10 @@
 
 File formats:
 - `*.jsonl`: one reply a line, either a JSON string or an object
-  `{"text": "...", "chunks": ["..", ".."], "delay": 0.05, "error": "LLM_UNAVAILABLE"}`
-  (`chunks` streams exactly those pieces, `delay` seconds before each; `error`
-  makes that turn fail).
+  `{"text": "...", "chunks": ["..", ".."], "delay": 0.05, "error": "LLM_UNAVAILABLE",
+  "thinking": ["..", ".."]}` (`chunks` streams exactly those pieces, `delay`
+  seconds before each; `error` makes that turn fail; `thinking`, a reasoning
+  model's thoughts, streams first).
 - anything else: replies separated by lines holding only `%%`.
 When the replies run out the backend fails with LLM_UNAVAILABLE, saying so.
 """
@@ -17,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from opencortex.llm.base import Backend, LLMError, PromptRequest, Usage, estimate_tokens
+from opencortex.llm.base import (Backend, LLMError, PromptRequest, Thinking, Usage,
+                                 estimate_tokens)
 from opencortex.llm.echo import split_chunks
 
 
@@ -67,7 +69,7 @@ class ScriptBackend(Backend):
         self.chunk_size = chunk_size
         self.delay = delay
 
-    async def stream(self, request: PromptRequest) -> AsyncIterator[str | Usage]:
+    async def stream(self, request: PromptRequest) -> AsyncIterator[str | Thinking | Usage]:
         started = time.perf_counter()
         if self.position >= len(self.replies):
             raise LLMError("LLM_UNAVAILABLE",
@@ -80,6 +82,10 @@ class ScriptBackend(Backend):
                            retry_after_seconds=entry.get("retry_after"))
         chunks = entry.get("chunks") or split_chunks(entry.get("text", ""), self.chunk_size)
         delay = float(entry.get("delay", self.delay))
+        for number, thought in enumerate(entry.get("thinking") or ()):
+            if delay:
+                await asyncio.sleep(delay)
+            yield Thinking(str(thought), fresh=number == 0)
         for chunk in chunks:
             if delay:
                 await asyncio.sleep(delay)
