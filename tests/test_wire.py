@@ -605,22 +605,29 @@ def test_the_reference_client_chats_answers_approvals_and_rides_out_a_reconnect(
     assert "turn=3" in out
 
 
+async def reference_client(w: Wire, typed: bytes, token: str = TOKEN) -> tuple[int, str, str]:
+    """Run the reference client against W with TYPED as its input until it ends: its
+    exit status, stdout and stderr (it is killed if the test is cut short)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "opencortex.wire_client", "--url", w.url,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=cli_env(w.home, OPENCORTEX_WS_TOKEN=token))
+    try:
+        out, err = await process.communicate(typed)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
 def test_the_reference_client_reports_a_wrong_token(home):
     async def scenario():
         async with wire(home) as w:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "opencortex.wire_client", "--url", w.url,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=cli_env(home, OPENCORTEX_WS_TOKEN="nope"))
-            try:
-                out, err = await process.communicate(b"hello\n")
-            finally:
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
-            return process.returncode, err.decode()
+            return await reference_client(w, b"hello\n", token="nope")
 
-    code, err = run(scenario)
+    code, _, err = run(scenario)
     assert code == 1 and "refused the token" in err
 
 

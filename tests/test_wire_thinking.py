@@ -6,11 +6,7 @@ shows it on stderr, inert, and its stdout stays the replies alone.
 
 from __future__ import annotations
 
-import asyncio
-import sys
-
-from conftest import cli_env
-from test_wire import TOKEN, Client, chunked, cli_reply, of, run, wire
+from test_wire import Client, chunked, cli_reply, of, reference_client, run, wire
 
 THOUGHTS = ["The person ", "greets me.", "\nI greet back", " \x1b[2J now."]
 
@@ -57,18 +53,7 @@ def test_a_rejected_reply_thinks_anew_in_the_next_attempt(home):
 def test_the_reference_client_shows_thinking_on_stderr_inert(home):
     async def scenario():
         async with wire(home, thinking(chunked(cli_reply("Hello back"), 5))) as w:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "opencortex.wire_client", "--url", w.url,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=cli_env(home, OPENCORTEX_WS_TOKEN=TOKEN))
-            try:
-                out, err = await process.communicate(b"hi\n")
-            finally:
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
-            return process.returncode, out.decode(), err.decode()
+            return await reference_client(w, b"hi\n")
 
     code, out, err = run(scenario)
     assert code == 0, err
