@@ -57,8 +57,8 @@ from opencortex.conversation.recalldates import DateHint, date_hint
 from opencortex.conversation.recallorder import (mix_named, newer_first, reranked, said_first,
                                                   sent_by)
 from opencortex.conversation.recallwords import (QUESTION_MARKS, asks, is_question,
-                                                  present_words, searched_words,
-                                                  without_names)
+                                                  partner_of, present_words,
+                                                  searched_words, without_names)
 from opencortex.conversation.recallexplain import explain
 from opencortex.events import Thread
 from opencortex.memory import Archive, MessageRecord, SearchHit
@@ -196,7 +196,7 @@ class Recall:
     def beside(self, hits: Sequence[SearchHit], exclude_ids: Collection[str] = ()
                ) -> list[tuple[SearchHit, MessageRecord, bool]]:
         """(hit, message, whether it is the reply) for each of HITS that brings the question
-        or reply next to it (see `_partner`), each message once, none of HITS or
+        or reply next to it (see `partner_of`), each message once, none of HITS or
         EXCLUDE_IDS."""
         known = {hit.id for hit in hits}
         near = self.archive.neighbours_of(      # the reply after questions; a question before
@@ -205,7 +205,7 @@ class Recall:
         found = []
         for hit in hits:
             before, after = near.get(hit.id, (None, None))
-            partner = _partner(hit, before, after)
+            partner = partner_of(hit, before, after)
             if partner is not None and partner.id not in known and \
                     partner.id not in exclude_ids:
                 known.add(partner.id)
@@ -390,14 +390,3 @@ class Recall:
                      f"{by}{beside}] {text}", turn=0, turn_type=hit.turn_type,
                      retention="DROPPABLE", kind="recalled")
 
-
-def _partner(hit: SearchHit, before: MessageRecord | None, after: MessageRecord | None
-             ) -> MessageRecord | None:
-    """The reply to HIT when it is a question (AFTER, the next message: only looked for
-    then), or the question HIT replies to (BEFORE, the message before it), if either is."""
-    speaker = (hit.role, hit.sender)
-    if after is not None and asks(hit.text) and (after.role, after.sender) != speaker:
-        return after
-    if before is not None and asks(before.text) and (before.role, before.sender) != speaker:
-        return before
-    return None

@@ -9,7 +9,9 @@ their parts too, so that a message naming one of them is found after those
 naming both; numbers ("10:30"), function words ("and/or") and a link's scheme
 ("https:") are no parts worth matching.  A text asks something when it
 ends with a question mark, whatever script or emoji follows, or a sentence near
-its end does (`asks`), or it opens with a question word (`is_question`).
+its end does (`asks`), or it opens with a question word (`is_question`); a
+recalled question brings the reply after it, a reply the question before it
+(`partner_of`).
 "Now" is a function word, but in a question it asks for the present state, and
 a statement of it often says so too ("I'm working as a nurse now"): it ranks
 the matches of the other words, never matching alone (`present_words`).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from opencortex.memory import MessageRecord
 from opencortex.memory.query import bare_word
 
 # Function words, left out of a recall query.
@@ -107,3 +110,15 @@ def without_names(text: str, names: Sequence[str]) -> str:
     pattern = r"\b(?:%s)(?:['’]s)?\b" % "|".join(re.escape(name) for name in names)
     rest = " ".join(re.sub(pattern, " ", text, flags=re.IGNORECASE).split())
     return rest if any(c.isalnum() for c in rest) else text
+
+
+def partner_of(hit: MessageRecord, before: MessageRecord | None,
+               after: MessageRecord | None) -> MessageRecord | None:
+    """The reply to HIT when it is a question (AFTER, the next message: only looked for
+    then), or the question HIT replies to (BEFORE, the message before it), if either is."""
+    speaker = (hit.role, hit.sender)
+    if after is not None and asks(hit.text) and (after.role, after.sender) != speaker:
+        return after
+    if before is not None and asks(before.text) and (before.role, before.sender) != speaker:
+        return before
+    return None
