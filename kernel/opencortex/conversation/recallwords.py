@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from opencortex.memory import MessageRecord
 from opencortex.memory.query import bare_word
+
+if TYPE_CHECKING:
+    from opencortex.memory import MessageRecord
 
 # Function words, left out of a recall query.
 _STOPWORDS = frozenset("""
