@@ -46,17 +46,23 @@ def anthropic_home(home, fake, monkeypatch):
 class Chunks(TurnObserver):
     def __init__(self):
         self.seen: list[str] = []
+        self.thought: list[str] = []
 
     def on_chunk(self, text: str) -> None:
         self.seen.append(text)
 
+    def on_thinking(self, text: str, fresh: bool) -> None:
+        self.thought.append(text)
 
-def turn(home, text: str = "hi", **overrides):
-    """One turn in a fresh kernel; returns (result, printed, streamed chunks, archive)."""
+
+def turn(home, text: str = "hi", observer: Chunks | None = None, **overrides):
+    """One turn in a fresh kernel, followed by OBSERVER (else a Chunks of its own);
+    returns (result, printed, streamed chunks, archive)."""
+    observer = observer or Chunks()
+
     async def go():
         printed: list[str] = []
         kernel = build_kernel(load_config(home, **overrides), writer=printed.append)
-        observer = Chunks()
         try:
             result = await kernel.handle(chat_message(text), observer)
             return result, printed, observer.seen, kernel.archive.read_thread(CLI)
@@ -252,3 +258,18 @@ def test_cli_wrong_key_names_the_variable_never_the_key(home, fake):
     assert run.returncode == 1
     assert "set ANTHROPIC_API_KEY to a valid key" in run.stdout + run.stderr
     assert SECRET not in run.stdout + run.stderr
+
+
+def test_a_think_block_in_the_text_is_thinking_never_the_reply(home, fake):
+    """A reasoning model served without a reasoning parser writes its thinking into the
+    text; before, a plist it only considered there was read as its reply."""
+    (home / "config.toml").write_text(f'backend = "openai"\n[llm.openai]\nbase_url = '
+                                      f'"{fake.openai_url}"\nmodel = "qwen3"\n')
+    thought = 'I could say (:type :REQUEST :target :cli :text "DRAFT"), or better'
+    fake.push(Reply(chunks=pieces(f"<think>{thought}</think>\n{PLIST}")))
+    watched = Chunks()
+    result, printed, streamed, records = turn(home, observer=watched)
+    assert result.status == "done", result.errors
+    assert printed == ["Hello from the model"]
+    assert "".join(watched.thought) == thought and "DRAFT" not in "".join(streamed)
+    assert [r.text for r in records] == ["hi", "Hello from the model"]

@@ -161,3 +161,60 @@ def test_a_thinking_budget_above_the_replys_cap_is_a_clear_error_before_any_requ
         collect(loop, make("anthropic", settings))
     assert "thinking = 4096" in caught.value.message and "2048" in caught.value.message
     assert fake.requests == []
+
+
+# -- thinking written into the text, as <think>…</think> ------------------------------
+
+from hypothesis import given, settings as hypothesis_settings, strategies as st  # noqa: E402
+
+from opencortex.llm.think_tags import ThinkTags  # noqa: E402
+
+PIECE = st.text(alphabet=st.sampled_from(list("<>/thinkTHINK \n(:x\"")), max_size=12)
+
+
+def split_at(text: str, cuts: list[int]) -> list[str]:
+    """TEXT cut at CUTS (positions, any order, any repeats)."""
+    bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def fed(chunks: list[str]) -> tuple[str, str]:
+    """The thinking and the text THINKTAGS makes of CHUNKS."""
+    tags = ThinkTags()
+    pieces = [p for chunk in chunks for p in tags.feed(chunk)] + tags.close()
+    return ("".join(p.text for p in pieces if isinstance(p, Thinking)),
+            "".join(p for p in pieces if isinstance(p, str)))
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(space=st.sampled_from(["", " ", "\n", " \n\t"]), thought=PIECE, rest=PIECE,
+       cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=8))
+def test_a_reply_opening_with_a_think_block_splits_into_its_thinking_and_text(
+        space, thought, rest, cuts):
+    if "</think>" in thought:
+        return
+    assert fed(split_at(f"{space}<think>{thought}</think>{rest}", cuts)) == (thought, rest)
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(text=PIECE, cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=6))
+def test_any_other_reply_is_text_as_written(text, cuts):
+    if text.lstrip().startswith("<think>"):
+        return
+    assert fed(split_at(text, cuts)) == ("", text)
+
+
+def test_white_space_that_never_decides_is_held_only_so_long():
+    tags = ThinkTags()
+    assert tags.feed(" " * 4000) == []
+    assert tags.feed(" " * 200) == [" " * 4200]
+
+
+def test_a_think_block_of_the_text_is_thinking_not_the_reply(make, fake, loop):
+    """vLLM without a reasoning parser: the thinking opens the text."""
+    reply = '<think>I could answer (:type :REQUEST :text "draft")</think>\n(:type :REQUEST)'
+    fake.push(Reply(chunks=[reply[i:i + 5] for i in range(0, len(reply), 5)]))
+    text, thoughts = split(collect(loop, make("openai")))
+    assert text == "\n(:type :REQUEST)"
+    assert "".join(t.text for t in thoughts) == 'I could answer (:type :REQUEST :text "draft")'
+    assert thoughts[0].fresh and not any(t.fresh for t in thoughts[1:])

@@ -26,6 +26,7 @@ from opencortex.llm.provider import (ProviderBackend, StreamCut, connection_reac
                                     event_stream)
 from opencortex.llm.reported import Malformed
 from opencortex.llm.routing import ModelChoice
+from opencortex.llm.think_tags import ThinkTags
 from opencortex.llm.settings import OFFICIAL_OPENAI_URL, LLMSettings
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class OpenAICompatibleBackend(ProviderBackend):
         counted = None
         model = choice.model
         length = 0
+        tags = ThinkTags()          # thinking written into the text, as <think>…</think>
         try:
             async for chunk in stream:
                 usage, text, finished, thought = _parts(chunk)
@@ -128,7 +130,8 @@ class OpenAICompatibleBackend(ProviderBackend):
                     yield Thinking(thought)
                 if text:
                     length += len(text)
-                    yield text
+                    for piece in tags.feed(text):
+                        yield piece
                 finish = finished or finish
                 model = reported.name(chunk.model) or model
         finally:
@@ -137,6 +140,8 @@ class OpenAICompatibleBackend(ProviderBackend):
             if not length and counted is None:
                 event_stream(stream.response)
             raise StreamCut("no finish_reason")
+        for piece in tags.close():
+            yield piece
         stop = STOP_REASONS.get(finish, finish)
         details = getattr(counted, "prompt_tokens_details", None)
         prompt_tokens = reported.tokens(getattr(counted, "prompt_tokens", None))
