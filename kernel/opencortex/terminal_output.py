@@ -4,7 +4,8 @@ A turn's reply streams while it arrives (the `:text` of the model's plist, see
 `opencortex.streaming`), after a dim "thinking…" that goes with the first
 word; a reasoning model's own thinking, when it streams one, takes the
 indicator's place, dim, and the reply starts on a line of its own after it
-(`[chat] show_thinking = false`: only the indicator).  That preview is not the reply: the kernel reads and verifies the model's
+(`[chat] show_thinking = false`: only the indicator).  That preview is not the
+reply: the kernel reads and verifies the model's
 form, and its terminal actuator then hands what it accepted to
 `TerminalOutput.deliver` (the `writer` of `build_kernel`).  When that is what
 was streamed, the line is only finished; otherwise the preview is marked as not

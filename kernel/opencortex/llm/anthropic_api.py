@@ -85,8 +85,8 @@ class AnthropicBackend(ProviderBackend):
                     yield reported.text(event.text, "a text delta")
                 elif kind == "thinking":
                     yield Thinking(reported.text(event.thinking, "a thinking delta"))
-                elif kind == "signature" or kind == "content_block_start" and \
-                        getattr(event.content_block, "type", None) == "redacted_thinking":
+                elif kind == "signature" or (kind == "content_block_start" and getattr(
+                        event.content_block, "type", None) == "redacted_thinking"):
                     yield THINKING
             try:
                 message = await stream.get_final_message()

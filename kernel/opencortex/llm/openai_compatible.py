@@ -26,8 +26,8 @@ from opencortex.llm.provider import (ProviderBackend, StreamCut, connection_reac
                                     event_stream)
 from opencortex.llm.reported import Malformed
 from opencortex.llm.routing import ModelChoice
-from opencortex.llm.think_tags import ThinkTags
 from opencortex.llm.settings import OFFICIAL_OPENAI_URL, LLMSettings
+from opencortex.llm.think_tags import ThinkTags
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,9 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "content_filter": "r
 
 def _parts(chunk: Any) -> tuple[Any, str, str | None, str]:
     """CHUNK's usage (None when it has none), its text ("" for none), its finish reason
-    and the reasoning model's thinking it carries ("" for none); Malformed when the server wrote
-    any of the first three as other JSON than the API's (the SDK builds a chunk
-    unchecked)."""
+    and the reasoning model's thinking it carries ("" for none); Malformed when the
+    server wrote any of the first three as other JSON than the API's (the SDK builds a
+    chunk unchecked)."""
     from openai.types.chat.chat_completion_chunk import ChatCompletionChunk, Choice, ChoiceDelta
     from openai.types.completion_usage import CompletionUsage
     if not isinstance(chunk, ChatCompletionChunk):
