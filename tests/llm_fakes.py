@@ -55,6 +55,8 @@ class Reply:
     burst: bool = False  # send the whole stream in one write (benchmarks: the client is timed)
     raw: list[tuple[str | None, str]] | None = None  # instead: these SSE events, as written
     no_stream_options: bool = False  # OpenAI: refuse a request carrying stream_options (400)
+    refuses_cap: tuple[str, ...] = ()  # OpenAI: refuse a request naming its cap so (a
+                                       # reasoning model refuses "max_tokens"; 400)
 
 
 @dataclass
@@ -282,6 +284,15 @@ class FakeProvider:
             return web.json_response({"error": {
                 "message": "Unrecognized request argument supplied: stream_options",
                 "type": "invalid_request_error", "param": None, "code": None}}, status=400)
+        refused = next((name for name in reply.refuses_cap if name in body), None)
+        if refused:                                # as the API answers for o3, gpt-5
+            self.queue.appendleft(reply)           # the retry with the other name gets it
+            other = "max_completion_tokens" if refused == "max_tokens" else "max_tokens"
+            return web.json_response({"error": {
+                "message": f"Unsupported parameter: '{refused}' is not supported with this "
+                           f"model. Use '{other}' instead.",
+                "type": "invalid_request_error", "param": refused,
+                "code": "unsupported_parameter"}}, status=400)
         response = web.StreamResponse(headers={"content-type": "text/event-stream",
                                                **reply.headers})
         await response.prepare(request)

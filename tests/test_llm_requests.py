@@ -108,6 +108,36 @@ def test_a_server_refusing_stream_options_is_asked_again_without_them(fake, capl
     assert "refuses stream_options" in caplog.text
 
 
+def test_a_server_refusing_the_caps_name_is_asked_again_with_the_other(fake, caplog):
+    """OpenAI's reasoning models (o3, gpt-5) refuse `max_tokens`, as Azure serving them
+    does: before, every turn with such a model failed with INVALID_MESSAGE."""
+    settings = LLMSettings.model_validate({"openai": {"model": "o3"}, "max_tokens": 900})
+    backend = OpenAICompatibleBackend(settings, api_key="k", base_url=fake.openai_url)
+    fake.push(Reply(chunks=["a"], refuses_cap=("max_tokens",)),
+              Reply(chunks=["b"], refuses_cap=("max_tokens",)))
+    first, second = run(backend), run(backend)
+    assert [(seen.body.get("max_tokens"), seen.body.get("max_completion_tokens"))
+            for seen in fake.requests] == [(900, None), (None, 900), (None, 900)]
+    assert first[0] == "a" and second[0] == "b"
+    assert "refuses the cap's name" in caplog.text
+
+
+def test_the_official_api_gets_the_cap_as_max_completion_tokens():
+    settings = LLMSettings.model_validate({"openai": {"model": "gpt-5"}, "max_tokens": 900})
+    backend = OpenAICompatibleBackend(settings, api_key="k")
+    params = backend.request_params(HISTORY, backend.choice_for(HISTORY))
+    assert params["max_completion_tokens"] == 900 and "max_tokens" not in params
+
+
+def test_a_server_refusing_both_names_is_not_asked_a_third_time(fake):
+    settings = LLMSettings.model_validate({"openai": {"model": "m"}, "max_tokens": 900})
+    backend = OpenAICompatibleBackend(settings, api_key="k", base_url=fake.openai_url)
+    fake.push(Reply(refuses_cap=("max_tokens", "max_completion_tokens")))
+    with pytest.raises(LLMError) as caught:
+        run(backend)
+    assert caught.value.code == "INVALID_MESSAGE" and len(fake.requests) == 2
+
+
 def test_another_refusal_of_the_request_is_not_asked_again(fake):
     fake.push(Reply(status=400, error_type="invalid_request_error"))
     backend = OpenAICompatibleBackend(LLMSettings(), api_key="k", base_url=fake.openai_url)
