@@ -55,8 +55,8 @@ class Reply:
     burst: bool = False  # send the whole stream in one write (benchmarks: the client is timed)
     raw: list[tuple[str | None, str]] | None = None  # instead: these SSE events, as written
     no_stream_options: bool = False  # OpenAI: refuse a request carrying stream_options (400)
-    refuses_cap: tuple[str, ...] = ()  # OpenAI: refuse a request naming its cap so (a
-                                       # reasoning model refuses "max_tokens"; 400)
+    refuses: tuple[str, ...] = ()  # OpenAI: refuse a request with these parameters (a
+                                   # reasoning model: "max_tokens", "temperature"; 400)
 
 
 @dataclass
@@ -66,6 +66,19 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+
+
+def _refusal(name: str, value: Any) -> dict[str, Any]:
+    """The error OpenAI's API answers a reasoning model's request with when it holds
+    the parameter NAME (as VALUE)."""
+    if name == "temperature":
+        return {"message": f"Unsupported value: 'temperature' does not support {value} with "
+                           "this model. Only the default (1) value is supported.",
+                "type": "invalid_request_error", "param": name, "code": "unsupported_value"}
+    other = "max_completion_tokens" if name == "max_tokens" else "max_tokens"
+    return {"message": f"Unsupported parameter: '{name}' is not supported with this model. "
+                       f"Use '{other}' instead.",
+            "type": "invalid_request_error", "param": name, "code": "unsupported_parameter"}
 
 
 def _sse(event: str | None, data: Any) -> bytes:
@@ -284,15 +297,10 @@ class FakeProvider:
             return web.json_response({"error": {
                 "message": "Unrecognized request argument supplied: stream_options",
                 "type": "invalid_request_error", "param": None, "code": None}}, status=400)
-        refused = next((name for name in reply.refuses_cap if name in body), None)
+        refused = next((name for name in reply.refuses if name in body), None)
         if refused:                                # as the API answers for o3, gpt-5
-            self.queue.appendleft(reply)           # the retry with the other name gets it
-            other = "max_completion_tokens" if refused == "max_tokens" else "max_tokens"
-            return web.json_response({"error": {
-                "message": f"Unsupported parameter: '{refused}' is not supported with this "
-                           f"model. Use '{other}' instead.",
-                "type": "invalid_request_error", "param": refused,
-                "code": "unsupported_parameter"}}, status=400)
+            self.queue.appendleft(reply)           # the request asked again gets it
+            return web.json_response({"error": _refusal(refused, body[refused])}, status=400)
         response = web.StreamResponse(headers={"content-type": "text/event-stream",
                                                **reply.headers})
         await response.prepare(request)

@@ -113,13 +113,41 @@ def test_a_server_refusing_the_caps_name_is_asked_again_with_the_other(fake, cap
     does: before, every turn with such a model failed with INVALID_MESSAGE."""
     settings = LLMSettings.model_validate({"openai": {"model": "o3"}, "max_tokens": 900})
     backend = OpenAICompatibleBackend(settings, api_key="k", base_url=fake.openai_url)
-    fake.push(Reply(chunks=["a"], refuses_cap=("max_tokens",)),
-              Reply(chunks=["b"], refuses_cap=("max_tokens",)))
+    fake.push(Reply(chunks=["a"], refuses=("max_tokens",)),
+              Reply(chunks=["b"], refuses=("max_tokens",)))
     first, second = run(backend), run(backend)
     assert [(seen.body.get("max_tokens"), seen.body.get("max_completion_tokens"))
             for seen in fake.requests] == [(900, None), (None, 900), (None, 900)]
     assert first[0] == "a" and second[0] == "b"
     assert "refuses the cap's name" in caplog.text
+
+
+def test_what_a_model_refused_is_left_out_for_that_model_only(fake):
+    settings = LLMSettings.model_validate({
+        "openai": {"model": "o3"}, "temperature": 0.2,
+        "models": [{"archetype": "guest", "backend": "openai", "model": "gpt-4o"}]})
+    backend = OpenAICompatibleBackend(settings, api_key="k", base_url=fake.openai_url)
+    fake.push(Reply(refuses=("temperature", "max_tokens")), Reply())
+    run(backend)
+    guest = HISTORY.model_copy(update={"routing": {"archetype": "guest"}})
+    run(backend, guest)
+    last = fake.requests[-1].body
+    assert last["model"] == "gpt-4o" and last["temperature"] == 0.2 and "max_tokens" in last
+
+
+def test_a_model_refusing_a_temperature_is_asked_again_without_one(fake, caplog):
+    """A reasoning model takes only its default temperature: before, a configured
+    `temperature` failed every turn with it."""
+    settings = LLMSettings.model_validate({"openai": {"model": "o3"}, "temperature": 0.2})
+    backend = OpenAICompatibleBackend(settings, api_key="k", base_url=fake.openai_url)
+    fake.push(Reply(chunks=["a"], refuses=("temperature", "max_tokens")),
+              Reply(chunks=["b"], refuses=("temperature",)))
+    first, second = run(backend), run(backend)
+    assert [("temperature" in seen.body, "max_tokens" in seen.body)
+            for seen in fake.requests] == [(True, True), (False, True), (False, False),
+                                           (False, False)]
+    assert first[0] == "a" and second[0] == "b"
+    assert "refuses a temperature" in caplog.text
 
 
 def test_the_official_api_gets_the_cap_as_max_completion_tokens():
@@ -132,7 +160,7 @@ def test_the_official_api_gets_the_cap_as_max_completion_tokens():
 def test_a_server_refusing_both_names_is_not_asked_a_third_time(fake):
     settings = LLMSettings.model_validate({"openai": {"model": "m"}, "max_tokens": 900})
     backend = OpenAICompatibleBackend(settings, api_key="k", base_url=fake.openai_url)
-    fake.push(Reply(refuses_cap=("max_tokens", "max_completion_tokens")))
+    fake.push(Reply(refuses=("max_tokens", "max_completion_tokens")))
     with pytest.raises(LLMError) as caught:
         run(backend)
     assert caught.value.code == "INVALID_MESSAGE" and len(fake.requests) == 2

@@ -16,7 +16,10 @@ reasoning models, o-series and gpt-5, refuse `max_tokens`) and as `max_tokens`
 to every other server (what Ollama, llama.cpp and vLLM have always read).  A
 server that refuses the name it was sent (Azure with a reasoning model: 400
 "Unsupported parameter: 'max_tokens' … Use 'max_completion_tokens'") is asked
-again with the other, and asked so from then on.
+again with the other, and asked so from then on; one that refuses the
+configured `temperature` (reasoning models take only their default) is asked
+again without it, and from then on.  Both are remembered for the model that
+refused (rows of the model table may route to several).
 """
 
 from __future__ import annotations
@@ -106,7 +109,7 @@ class OpenAICompatibleBackend(ProviderBackend):
             key_required=needs_key(url))
         self.stream_usage = own.stream_usage
         self.cap_name = "max_completion_tokens" if needs_key(url) else "max_tokens"
-        self.cap_tried = False                       # the other name was tried once
+        self.refused: dict[str, set[str]] = {}       # by model: "temperature", "cap"
 
     def _new_client(self, api_key: str | None) -> Any:
         import openai
@@ -117,9 +120,11 @@ class OpenAICompatibleBackend(ProviderBackend):
         """The chat-completions parameters for REQUEST."""
         messages = [{"role": "system", "content": request.system}] if request.system else []
         messages += [{"role": m.role, "content": m.content} for m in request.messages]
+        refused = self.refused.get(choice.model, ())
+        cap = OTHER_CAP[self.cap_name] if "cap" in refused else self.cap_name
         params: dict[str, Any] = {"model": choice.model, "messages": messages, "stream": True,
-                                  self.cap_name: choice.max_tokens}
-        if choice.temperature is not None:
+                                  cap: choice.max_tokens}
+        if choice.temperature is not None and "temperature" not in refused:
             params["temperature"] = choice.temperature
         if self.stream_usage:
             params["stream_options"] = {"include_usage": True}
@@ -180,23 +185,30 @@ class OpenAICompatibleBackend(ProviderBackend):
                 return await client.chat.completions.create(
                     **self.request_params(request, choice))
             except openai.APIStatusError as error:
-                if error.status_code not in (400, 422) or not self._adapted(str(error.body)):
+                if error.status_code not in (400, 422) or \
+                        not self._adapted(str(error.body), choice.model):
                     raise
 
-    def _adapted(self, refusal: str) -> bool:
-        """Whether the request was changed for what a server's REFUSAL names (each
-        change is made once, so a request is asked at most three times)."""
+    def _adapted(self, refusal: str, model: str) -> bool:
+        """Whether the request was changed for what a server's REFUSAL of a request for
+        MODEL names (each change is made once, so a request is asked at most four
+        times)."""
         if self.stream_usage and "stream_options" in refusal:
             log.warning("%s: the server refuses stream_options; asking without it from now "
                         "on (set [llm.openai] stream_usage = false to say so)", self.name)
             self.stream_usage = False
             return True
-        if not self.cap_tried and f"'{self.cap_name}'" in refusal and \
-                any(word in refusal.lower() for word in REFUSED):
-            self.cap_tried = True
-            self.cap_name = OTHER_CAP[self.cap_name]
-            log.warning("%s: the server refuses the cap's name; sending %s from now on",
-                        self.name, self.cap_name)
+        refused = self.refused.setdefault(model, set())
+        said = any(word in refusal.lower() for word in REFUSED)
+        if said and "temperature" not in refused and "'temperature'" in refusal:
+            log.warning("%s: the model refuses a temperature; asking it without one from "
+                        "now on", self.name)
+            refused.add("temperature")
+            return True
+        if said and "cap" not in refused and f"'{self.cap_name}'" in refusal:
+            log.warning("%s: the model refuses the cap's name; sending %s from now on",
+                        self.name, OTHER_CAP[self.cap_name])
+            refused.add("cap")
             return True
         return False
 
