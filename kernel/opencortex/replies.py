@@ -133,7 +133,7 @@ class Replies:
         chunks: list[str] = []
         paid = False
         size, limit = 0, self.config.max_reply_bytes
-        thought, fresh = 0, True      # thinking shown (at most LIMIT characters a reply)
+        thought = 0                   # thinking shown (at most LIMIT characters a reply)
         try:
             with self.telemetry.span("llm.stream", backend=self.backend.name) as span:
                 async with asyncio.timeout(self.config.llm_timeout), \
@@ -149,10 +149,9 @@ class Replies:
                             if item.fresh:
                                 thought = 0
                             shown = item.text[:max(0, limit - thought)]
-                            if shown:
+                            if shown:   # fresh: the first shown of the reply, or anew
+                                observer.on_thinking(shown, thought == 0)
                                 thought += len(shown)
-                                observer.on_thinking(shown, fresh or item.fresh)
-                                fresh = False
                             continue
                         size += len(item)
                         if size > limit:    # more characters than bytes allowed: too long
